@@ -1,0 +1,207 @@
+"""ctxlens settings, read from the environment.
+
+Defaults serve `make run` on one machine: SQLite in WAL mode, the in-memory channel
+layer and the local-memory cache. DATABASE_URL and REDIS_URL switch to PostgreSQL and
+Redis for the scale path; nothing else changes.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from pathlib import Path
+
+import dj_database_url
+
+from config.env import env_bool, env_dict, env_float, env_int, env_list, env_str
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+DATA_DIR = Path(env_str("CTXLENS_DATA_DIR", str(BASE_DIR / "var"))).resolve()
+DATA_DIR.mkdir(parents=True, exist_ok=True)
+
+
+def _secret_key() -> str:
+    """SECRET_KEY from the environment, else one generated once and kept in the data dir."""
+    key = env_str("SECRET_KEY")
+    if key:
+        return key
+    path = DATA_DIR / "secret_key"
+    if not path.exists():
+        path.write_text(secrets.token_urlsafe(50))
+        path.chmod(0o600)
+    return path.read_text().strip()
+
+
+SECRET_KEY = _secret_key()
+DEBUG = env_bool("DEBUG", True)
+ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["127.0.0.1", "localhost", "[::1]"])
+CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
+
+INSTALLED_APPS = [
+    "daphne",
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "channels",
+    "rest_framework",
+    "drf_spectacular",
+    "pipeline",
+    "dashboard",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "config.urls"
+ASGI_APPLICATION = "config.asgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+# --- database --------------------------------------------------------------------------
+SQLITE_OPTIONS = {
+    # WAL lets readers run beside the one writer; IMMEDIATE takes the write lock at BEGIN so
+    # concurrent writers queue on the busy timeout instead of failing with "database is locked"
+    # when a read transaction tries to upgrade.
+    "transaction_mode": "IMMEDIATE",
+    "timeout": env_int("CTXLENS_SQLITE_BUSY_TIMEOUT", 30),
+    "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+}
+DATABASE_URL = env_str("DATABASE_URL")
+if DATABASE_URL:
+    # Persistent connections are checked before reuse (once per request or database_sync_to_async
+    # call), so a database restart costs one reconnect instead of a failed request per thread.
+    DATABASES = {
+        "default": dj_database_url.parse(
+            DATABASE_URL, conn_max_age=env_int("CONN_MAX_AGE", 60), conn_health_checks=True
+        )
+    }
+else:
+    DATABASES = {"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": DATA_DIR / "db.sqlite3"}}
+if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
+    DATABASES["default"]["OPTIONS"] = {**SQLITE_OPTIONS, **DATABASES["default"].get("OPTIONS", {})}
+    # A file, not memory, so a live server in another process shares it; the pid keeps test
+    # runs that happen at once from sharing one file.
+    DATABASES["default"]["TEST"] = {"NAME": str(DATA_DIR / f"test-{os.getpid()}.sqlite3")}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+# --- channels and cache ----------------------------------------------------------------
+REDIS_URL = env_str("REDIS_URL")
+if REDIS_URL:
+    CHANNEL_LAYERS = {
+        "default": {
+            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "CONFIG": {"hosts": [REDIS_URL], "prefix": "ctxlens"},
+        }
+    }
+    CACHES = {
+        "default": {
+            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            "LOCATION": REDIS_URL,
+            "KEY_PREFIX": "ctxlens",
+        }
+    }
+else:
+    CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+    CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache", "LOCATION": "ctxlens"}}
+
+# --- auth, i18n, static ----------------------------------------------------------------
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+]
+LOGIN_URL = "login"
+LOGIN_REDIRECT_URL = "/"
+LOGOUT_REDIRECT_URL = "login"
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATICFILES_DIRS = [BASE_DIR / "static"]
+STATIC_ROOT = DATA_DIR / "staticfiles"
+
+REST_FRAMEWORK = {
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
+    "PAGE_SIZE": 50,
+}
+SPECTACULAR_SETTINGS = {
+    "TITLE": "ctxlens API",
+    "DESCRIPTION": "Ingest and read API of ctxlens, the context debugger for LLM agents.",
+    "VERSION": "1.0.0",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "ENUM_NAME_OVERRIDES": {
+        "RecordStatusEnum": "pipeline.models.conversations.Status",
+        "EventStatusEnum": "pipeline.ingest.rest.STATUS_CHOICES",
+    },
+}
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
+    "loggers": {"django.channels.server": {"level": "WARNING"}},
+}
+
+# --- ctxlens tunables (read through pipeline.conf.ctxlens_config()) --------------------
+CTXLENS_ARTIFACT_DIR = Path(env_str("CTXLENS_ARTIFACT_DIR", str(DATA_DIR / "artifacts"))).resolve()
+CTXLENS_ARTIFACT_THRESHOLD_BYTES = env_int("CTXLENS_ARTIFACT_THRESHOLD_BYTES", 1024 * 1024)
+CTXLENS_ARTIFACT_TTL_HOURS = env_float("CTXLENS_ARTIFACT_TTL_HOURS", 24.0)
+CTXLENS_ARTIFACT_MAX_TOTAL_BYTES = env_int("CTXLENS_ARTIFACT_MAX_TOTAL_BYTES", 1024 * 1024 * 1024)
+CTXLENS_SKILLS_DIR = Path(env_str("CTXLENS_SKILLS_DIR", str(BASE_DIR / "skills"))).resolve()
+CTXLENS_COMPRESSION_THRESHOLD = env_float("CTXLENS_COMPRESSION_THRESHOLD", 0.8)
+CTXLENS_MAX_INGEST_BYTES = env_int("CTXLENS_MAX_INGEST_BYTES", 64 * 1024 * 1024)
+CTXLENS_RETENTION_DAYS = env_int("CTXLENS_RETENTION_DAYS", 30)
+# Spans per second per ingest key, averaged over the window (0 = no limit); over it → 503 + Retry-After.
+CTXLENS_INGEST_RATE_LIMIT = env_float("CTXLENS_INGEST_RATE_LIMIT", 0.0)
+CTXLENS_INGEST_RATE_WINDOW = env_int("CTXLENS_INGEST_RATE_WINDOW", 10)
+# Port of `manage.py serve_otlp_grpc` (OTLP/gRPC ingest); 0 = its default, 4317.
+CTXLENS_OTLP_GRPC_PORT = env_int("CTXLENS_OTLP_GRPC_PORT", 0)
+CTXLENS_TOKEN_ENCODERS_FILE = Path(
+    env_str("CTXLENS_TOKEN_ENCODERS_FILE", str(BASE_DIR / "config" / "token_encoders.yaml"))
+)
+CTXLENS_SAMPLING = env_str("CTXLENS_SAMPLING", "always")
+CTXLENS_OTLP_ENDPOINT = env_str("CTXLENS_OTLP_ENDPOINT")
+CTXLENS_OTLP_HEADERS = env_str("CTXLENS_OTLP_HEADERS")
+CTXLENS_OTLP_COMPRESSION = env_str("CTXLENS_OTLP_COMPRESSION", "gzip")
+CTXLENS_OTLP_PROTOCOL = env_str("CTXLENS_OTLP_PROTOCOL", "http/protobuf")  # http/protobuf, http/json, grpc
+CTXLENS_SERVICE_NAME = env_str("CTXLENS_SERVICE_NAME", "ctxlens-agent")
+CTXLENS_ENVIRONMENT = env_str("CTXLENS_ENVIRONMENT", "development")
+# Live views: a browser gets at most one websocket update per this many milliseconds.
+CTXLENS_LIVE_INTERVAL_MS = env_int("CTXLENS_LIVE_INTERVAL_MS", 250)
+# Tool observations: the global output level (brief | standard | full), per-tool defaults
+# ("query_sales=brief,web_search=full"), and the largest accepted tool-call arguments.
+CTXLENS_DEFAULT_OUTPUT_LEVEL = env_str("CTXLENS_DEFAULT_OUTPUT_LEVEL", "standard").strip().lower()
+CTXLENS_TOOL_OUTPUT_LEVELS = {
+    tool: level.lower() for tool, level in env_dict("CTXLENS_TOOL_OUTPUT_LEVELS", {}).items()
+}
+CTXLENS_MAX_TOOL_INPUT_BYTES = env_int("CTXLENS_MAX_TOOL_INPUT_BYTES", 1024 * 1024)
+
+# The body of one OTLP request may be as large as CTXLENS_MAX_INGEST_BYTES.
+DATA_UPLOAD_MAX_MEMORY_SIZE = CTXLENS_MAX_INGEST_BYTES + 1024 * 1024
