@@ -1,0 +1,187 @@
+"""Django admin for every record; artifacts and API keys get the operator's tools."""
+
+from __future__ import annotations
+
+from django.contrib import admin, messages
+from django.http import FileResponse, Http404
+from django.urls import path, reverse
+from django.utils import timezone
+from django.utils.html import format_html
+
+from pipeline.artifact_cleanup import cleanup_artifacts, delete_expired_artifacts
+from pipeline.artifacts import ArtifactError, open_artifact
+from pipeline.models import (
+    ApiKey,
+    Artifact,
+    CompressionEvent,
+    Conversation,
+    LLMCall,
+    Round,
+    SkillActivation,
+    Span,
+    SpanLog,
+    ToolCall,
+)
+
+PREVIEW_BYTES = 4096
+
+
+@admin.register(Artifact)
+class ArtifactAdmin(admin.ModelAdmin):
+    list_display = ("artifact_id", "size", "short_sha256", "mime", "conversation", "created_at", "expires_at")
+    list_filter = ("mime", "created_at", "expires_at")
+    search_fields = ("artifact_id", "sha256", "summary", "conversation__external_id", "conversation__title")
+    readonly_fields = (
+        "artifact_id", "sha256", "size", "mime", "token_count", "conversation",
+        "created_at", "last_accessed_at", "download", "preview",
+    )
+    fields = ("artifact_id", "sha256", "size", "mime", "token_count", "summary", "conversation",
+              "created_at", "expires_at", "last_accessed_at", "download", "preview")
+    actions = ["delete_expired", "apply_retention"]
+    list_select_related = ("conversation",)
+
+    @admin.display(description="sha256")
+    def short_sha256(self, obj: Artifact) -> str:
+        return obj.sha256[:12]
+
+    @admin.display(description="Preview (first 4 KB)")
+    def preview(self, obj: Artifact) -> str:
+        try:
+            with open_artifact(obj.artifact_id) as handle:  # never follows a link out of the sandbox
+                text = handle.read(PREVIEW_BYTES).decode("utf-8", errors="replace")
+        except ArtifactError:
+            text = ""
+        # format_html escapes the content: artifacts hold untrusted tool output.
+        return format_html('<pre style="white-space: pre-wrap; max-height: 30em; overflow: auto">{}</pre>', text)
+
+    @admin.display(description="Download")
+    def download(self, obj: Artifact) -> str:
+        url = reverse("admin:pipeline_artifact_download", args=[obj.pk])
+        return format_html('<a href="{}">Download {}</a>', url, obj.artifact_id)
+
+    def get_urls(self):
+        custom = [
+            path(
+                "<int:pk>/download/",
+                self.admin_site.admin_view(self.download_view),
+                name="pipeline_artifact_download",
+            )
+        ]
+        return custom + super().get_urls()
+
+    def download_view(self, request, pk: int):
+        artifact = self.get_object(request, str(pk))
+        if artifact is None or not self.has_view_permission(request, artifact):
+            raise Http404("No such artifact")
+        try:
+            handle = open_artifact(artifact.artifact_id)  # a valid id, a regular file in the sandbox
+        except ArtifactError:
+            raise Http404("The artifact's content is gone") from None
+        return FileResponse(handle, as_attachment=True, filename=artifact.artifact_id, content_type=artifact.mime)
+
+    @admin.action(description="Delete expired artifacts (all of them, not only the selected)")
+    def delete_expired(self, request, queryset) -> None:
+        count = delete_expired_artifacts().count
+        self.message_user(request, f"Deleted {count} expired artifact rows and their files.", messages.SUCCESS)
+
+    @admin.action(description="Apply retention now: TTL, size cap (LRU), orphan files (all artifacts)")
+    def apply_retention(self, request, queryset) -> None:
+        self.message_user(request, cleanup_artifacts().line(), messages.SUCCESS)
+
+
+@admin.register(ApiKey)
+class ApiKeyAdmin(admin.ModelAdmin):
+    list_display = ("name", "prefix", "scope", "created_at", "last_used_at", "revoked_at", "is_active")
+    list_filter = ("scope", "revoked_at")
+    search_fields = ("name", "prefix")
+    readonly_fields = ("prefix", "created_by", "created_at", "last_used_at", "revoked_at")
+    actions = ["revoke"]
+
+    @admin.display(boolean=True, description="Active")
+    def is_active(self, obj: ApiKey) -> bool:
+        return obj.is_active
+
+    def get_fields(self, request, obj=None):
+        return ("name", "scope") if obj is None else ("name", "scope", *self.readonly_fields)
+
+    def save_model(self, request, obj: ApiKey, form, change: bool) -> None:
+        if change:
+            super().save_model(request, obj, form, change)
+            return
+        key, raw_key = ApiKey.generate(name=obj.name, scope=obj.scope, created_by=request.user)
+        obj.pk = key.pk
+        obj.refresh_from_db()
+        self.message_user(
+            request,
+            f"New API key '{key.name}': {raw_key} — copy it now, it is shown only this once.",
+            messages.WARNING,
+        )
+
+    @admin.action(description="Revoke selected keys")
+    def revoke(self, request, queryset) -> None:
+        count = queryset.filter(revoked_at__isnull=True).update(revoked_at=timezone.now())
+        self.message_user(request, f"Revoked {count} keys.", messages.SUCCESS)
+
+
+@admin.register(Conversation)
+class ConversationAdmin(admin.ModelAdmin):
+    list_display = ("__str__", "external_id", "model", "status", "round_count", "tool_call_count",
+                    "input_tokens", "output_tokens", "last_activity_at")
+    list_filter = ("status", "model")
+    search_fields = ("external_id", "title", "agent_name", "user_id")
+    date_hierarchy = "last_activity_at"
+
+
+@admin.register(Round)
+class RoundAdmin(admin.ModelAdmin):
+    list_display = ("conversation", "key", "status", "started_at", "duration_ms", "llm_call_count", "tool_call_count")
+    list_filter = ("status",)
+    search_fields = ("key", "trace_id", "user_message", "final_answer")
+    raw_id_fields = ("conversation",)
+
+
+@admin.register(LLMCall)
+class LLMCallAdmin(admin.ModelAdmin):
+    list_display = ("model", "conversation", "input_tokens", "output_tokens", "context_tokens", "status", "started_at")
+    list_filter = ("status", "model", "provider")
+    search_fields = ("trace_id", "span_id", "model")
+    raw_id_fields = ("conversation", "round")
+
+
+@admin.register(ToolCall)
+class ToolCallAdmin(admin.ModelAdmin):
+    list_display = ("tool_name", "tool_call_id", "conversation", "success", "error_type", "retry_count",
+                    "duration_ms", "started_at")
+    list_filter = ("success", "tool_name", "output_level", "error_type")
+    search_fields = ("tool_name", "tool_call_id", "trace_id", "span_id")
+    raw_id_fields = ("conversation", "round", "llm_call", "artifact")
+
+
+@admin.register(CompressionEvent)
+class CompressionEventAdmin(admin.ModelAdmin):
+    list_display = ("conversation", "strategy", "tokens_before", "tokens_after", "messages_before",
+                    "messages_after", "occurred_at")
+    list_filter = ("strategy",)
+    raw_id_fields = ("conversation", "round", "llm_call")
+
+
+@admin.register(SkillActivation)
+class SkillActivationAdmin(admin.ModelAdmin):
+    list_display = ("skill_name", "conversation", "load_level", "depth", "tokens", "status", "activated_at")
+    list_filter = ("skill_name", "load_level", "status")
+    raw_id_fields = ("conversation", "round")
+
+
+@admin.register(Span)
+class SpanAdmin(admin.ModelAdmin):
+    list_display = ("name", "kind", "trace_id", "span_id", "status_code", "duration_ms", "start_time", "source")
+    list_filter = ("kind", "status_code", "source")
+    search_fields = ("trace_id", "span_id", "name")
+    raw_id_fields = ("conversation",)
+
+
+@admin.register(SpanLog)
+class SpanLogAdmin(admin.ModelAdmin):
+    list_display = ("event_name", "trace_id", "span_id", "time_unix_nano", "received_at")
+    list_filter = ("event_name",)
+    search_fields = ("trace_id", "span_id", "event_name")

@@ -1,0 +1,11 @@
+from __future__ import annotations
+
+from django.apps import AppConfig
+
+
+class PipelineConfig(AppConfig):
+    name = "pipeline"
+    verbose_name = "ctxlens pipeline"
+
+    def ready(self) -> None:
+        from pipeline import checks, conf  # noqa: F401  (registers checks and receivers)

@@ -1,0 +1,142 @@
+"""Which stored spans a re-export sends, in what order, and where it resumes.
+
+Spans go out ordered by (received_at, id) in keyset-paginated batches; after each batch
+the endpoint accepted, the position is written to a checkpoint file under the data dir,
+keyed by endpoint and filters, so an interrupted export (or a later run, for new spans)
+continues after the last span delivered.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+import os
+import re
+import urllib.parse
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from django.conf import settings
+from django.db.models import Q, QuerySet
+from django.utils import timezone
+from django.utils.dateparse import parse_date, parse_datetime
+
+from pipeline.models import Conversation, Span
+
+_RELATIVE = re.compile(r"\A(\d+)\s*([smhdw])\Z")
+_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def parse_since(value: str, now: dt.datetime | None = None) -> dt.datetime:
+    """`7d`, `1h`, `30m`, `2w`, an ISO date or an ISO datetime (UTC when no offset) → aware datetime."""
+    value = value.strip()
+    now = now or timezone.now()
+    if match := _RELATIVE.match(value.lower()):
+        return now - dt.timedelta(seconds=int(match[1]) * _UNIT_SECONDS[match[2]])
+    try:
+        when = parse_datetime(value)
+        if when is None and (day := parse_date(value)) is not None:
+            when = dt.datetime.combine(day, dt.time.min)
+    except ValueError:
+        when = None
+    if when is None:
+        raise ValueError(f"--since takes 1h, 7d, 30m, 2w or an ISO date/datetime, got {value!r}")
+    return when if timezone.is_aware(when) else when.replace(tzinfo=dt.timezone.utc)
+
+
+def find_conversation(ref: str) -> Conversation | None:
+    """A conversation by its external id, else by its numeric id."""
+    found = Conversation.objects.filter(external_id=ref).first()
+    if found is None and ref.isdigit():
+        found = Conversation.objects.filter(pk=int(ref)).first()
+    return found
+
+
+def select_spans(since: dt.datetime | None = None, conversation: Conversation | None = None) -> QuerySet[Span]:
+    spans = Span.objects.all()
+    if since is not None:
+        spans = spans.filter(start_time__gte=since)
+    if conversation is not None:
+        # Also the spans of the conversation's traces that the normaliser left unattached.
+        traces = Span.objects.filter(conversation=conversation).values("trace_id")
+        spans = spans.filter(Q(conversation=conversation) | Q(trace_id__in=traces))
+    return spans
+
+
+def redact_url(url: str) -> str:
+    """The endpoint without user:password, for output and checkpoint files."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.username or parts.password:
+        host = parts.hostname or ""
+        netloc = f"{host}:{parts.port}" if parts.port else host
+        return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
+    return url
+
+
+@dataclass
+class Checkpoint:
+    """The last span delivered: (received_at, id). Stored as JSON; headers are never written."""
+
+    path: Path
+    endpoint: str
+    filters: dict[str, str]
+    received_at: str = ""
+    last_id: int = 0
+    exported: int = 0
+
+    @classmethod
+    def for_job(cls, endpoint: str, filters: dict[str, str], directory: Path | None = None) -> Checkpoint:
+        directory = directory or Path(settings.DATA_DIR) / "export-checkpoints"
+        key = json.dumps({"endpoint": endpoint, "filters": filters}, sort_keys=True)
+        path = directory / f"{hashlib.sha256(key.encode()).hexdigest()[:32]}.json"
+        checkpoint = cls(path=path, endpoint=redact_url(endpoint), filters=filters)
+        if path.exists():
+            saved = json.loads(path.read_text())
+            checkpoint.received_at = saved.get("received_at", "")
+            checkpoint.last_id = int(saved.get("last_id", 0))
+            checkpoint.exported = int(saved.get("exported", 0))
+        return checkpoint
+
+    @property
+    def position(self) -> tuple[dt.datetime, int] | None:
+        if not self.received_at:
+            return None
+        return dt.datetime.fromisoformat(self.received_at), self.last_id
+
+    def advance(self, span: Span, count: int) -> None:
+        self.received_at = span.received_at.isoformat()
+        self.last_id = span.pk
+        self.exported += count
+        self.save()
+
+    def save(self) -> None:
+        """Write a temp file and rename it over the old one: a crash leaves the old or the new, never half."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        data = {key: value for key, value in asdict(self).items() if key != "path"}
+        data["updated_at"] = timezone.now().isoformat()
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(data, indent=2))
+        os.replace(tmp, self.path)
+
+    def reset(self) -> None:
+        self.received_at, self.last_id, self.exported = "", 0, 0
+        self.path.unlink(missing_ok=True)
+
+
+def after(spans: QuerySet[Span], position: tuple[dt.datetime, int] | None) -> QuerySet[Span]:
+    if position is None:
+        return spans
+    received_at, last_id = position
+    return spans.filter(Q(received_at__gt=received_at) | Q(received_at=received_at, pk__gt=last_id))
+
+
+def batches(spans: QuerySet[Span], position: tuple[dt.datetime, int] | None, size: int) -> Iterator[list[Span]]:
+    """Keyset pagination over (received_at, id): each query is short and an index range scan."""
+    while True:
+        batch = list(after(spans, position).order_by("received_at", "pk")[:size])
+        if not batch:
+            return
+        yield batch
+        position = (batch[-1].received_at, batch[-1].pk)

@@ -1,0 +1,108 @@
+"""Re-export stored traces to any OTLP endpoint, with their original ids and attributes.
+
+    manage.py export_otlp --endpoint http://collector:4318 [--since 7d] [--conversation ID]
+        [--header Authorization="Bearer …"] [--protocol http/protobuf|http/json|grpc] [--batch 500]
+
+Resumable: a checkpoint under the data dir, keyed by endpoint and filters, records the last
+span delivered; running the same command again continues from there (and later picks up
+only new spans). `--restart` starts over.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+from tqdm import tqdm
+
+from pipeline.export import spans_to_request
+from pipeline.export_job import Checkpoint, batches, after, find_conversation, parse_since, redact_url, select_spans
+from pipeline.otlp_client import PROTOCOLS, ExportError, OtlpClient
+
+
+def parse_header(raw: str) -> tuple[str, str]:
+    key, sep, value = raw.partition("=")
+    if not sep or not key.strip():
+        raise CommandError(f"--header takes KEY=VALUE, got {raw!r}")
+    return key.strip(), value.strip()
+
+
+class Command(BaseCommand):
+    help = "Export stored spans to an OTLP endpoint (HTTP protobuf, HTTP JSON or gRPC), resumably."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--endpoint", required=True, help="e.g. http://collector:4318 or http://host:4317 for grpc")
+        parser.add_argument("--since", help="only spans that started since: 1h, 7d, 30m, 2w or an ISO date/datetime")
+        parser.add_argument("--conversation", help="only this conversation (external id or numeric id)")
+        parser.add_argument("--header", action="append", default=[], metavar="KEY=VALUE",
+                            help="extra request header / gRPC metadata; repeat for several")
+        parser.add_argument("--protocol", choices=PROTOCOLS, default="http/protobuf")
+        parser.add_argument("--batch", type=int, default=500, help="spans per request (default 500)")
+        parser.add_argument("--timeout", type=float, default=30.0, help="seconds per request")
+        parser.add_argument("--retries", type=int, default=8, help="retries per request on transient errors")
+        parser.add_argument("--no-compression", action="store_true", help="send uncompressed bodies")
+        parser.add_argument("--restart", action="store_true", help="ignore the checkpoint and start over")
+        parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+    def handle(self, *args: object, **options: object) -> None:
+        endpoint = str(options["endpoint"])
+        batch_size = int(options["batch"])
+        if batch_size < 1 or batch_size > 10_000:
+            raise CommandError("--batch must be between 1 and 10000")
+        since = None
+        filters: dict[str, str] = {}
+        if options["since"]:
+            try:
+                since = parse_since(str(options["since"]))
+            except ValueError as error:
+                raise CommandError(str(error)) from None
+            filters["since"] = str(options["since"])
+        conversation = None
+        if options["conversation"]:
+            conversation = find_conversation(str(options["conversation"]))
+            if conversation is None:
+                raise CommandError(f"no conversation {options['conversation']!r}")
+            filters["conversation"] = conversation.external_id
+        headers = dict(parse_header(raw) for raw in options["header"])  # type: ignore[union-attr]
+        try:
+            client = OtlpClient(
+                endpoint, protocol=str(options["protocol"]), headers=headers, timeout=float(options["timeout"]),
+                max_retries=int(options["retries"]), compression=not options["no_compression"],
+            )
+        except ExportError as error:
+            raise CommandError(str(error)) from None
+
+        checkpoint = Checkpoint.for_job(endpoint, filters)
+        if options["restart"]:
+            checkpoint.reset()
+        spans = select_spans(since, conversation)
+        resumed = checkpoint.position is not None
+        remaining = after(spans, checkpoint.position).count()
+        started, sent, requests, rejected = time.monotonic(), 0, 0, 0
+        progress = tqdm(total=remaining, unit="span", file=sys.stderr, disable=bool(options["no_progress"]),
+                        desc="export")
+        try:
+            for batch in batches(spans, checkpoint.position, batch_size):
+                try:
+                    result = client.send(spans_to_request(batch))
+                except ExportError as error:
+                    raise CommandError(
+                        f"{error} — {sent} spans delivered in this run; run the same command again to resume"
+                    ) from None
+                rejected += result.rejected_spans
+                if result.rejected_spans:
+                    progress.write(f"the endpoint rejected {result.rejected_spans} spans: {result.message}")
+                checkpoint.advance(batch[-1], len(batch))
+                sent += len(batch)
+                requests += 1
+                progress.update(len(batch))
+        finally:
+            progress.close()
+            client.close()
+        seconds = time.monotonic() - started
+        self.stdout.write(
+            f"exported {sent} spans in {requests} requests to {redact_url(endpoint)} ({options['protocol']}) "
+            f"in {seconds:.1f} s; {rejected} rejected by the endpoint; "
+            f"{'resumed from checkpoint, ' if resumed else ''}{checkpoint.exported} spans exported in total"
+        )

@@ -1,0 +1,21 @@
+from pipeline.models.apikeys import ApiKey
+from pipeline.models.artifacts import Artifact
+from pipeline.models.calls import LLMCall, ToolCall
+from pipeline.models.conversations import Conversation, Round, Status
+from pipeline.models.events import CompressionEvent, SkillActivation
+from pipeline.models.spans import Span, SpanKind, SpanLog
+
+__all__ = [
+    "ApiKey",
+    "Artifact",
+    "CompressionEvent",
+    "Conversation",
+    "LLMCall",
+    "Round",
+    "SkillActivation",
+    "Span",
+    "SpanKind",
+    "SpanLog",
+    "Status",
+    "ToolCall",
+]

@@ -1,0 +1,100 @@
+"""LLM calls and tool calls: one row per span, with the figures the dashboard aggregates in columns."""
+
+from __future__ import annotations
+
+from django.db import models
+
+from pipeline.models.conversations import Conversation, Round
+
+
+class SpanRecordMixin(models.Model):
+    """Identity and timing shared by rows that come from one span."""
+
+    trace_id = models.CharField(max_length=32)
+    span_id = models.CharField(max_length=16)
+    started_at = models.DateTimeField()
+    ended_at = models.DateTimeField(null=True, blank=True)
+    duration_ms = models.FloatField(null=True, blank=True)
+    status = models.CharField(max_length=16, default="ok")
+    error_type = models.CharField(max_length=255, blank=True)
+    error_message = models.TextField(blank=True)
+
+    class Meta:
+        abstract = True
+
+
+class LLMCall(SpanRecordMixin):
+    conversation = models.ForeignKey(Conversation, on_delete=models.CASCADE, related_name="llm_calls")
+    round = models.ForeignKey(Round, on_delete=models.CASCADE, null=True, blank=True, related_name="llm_calls")
+    step = models.PositiveIntegerField(default=0)  # order inside the round
+    model = models.CharField(max_length=255, blank=True)
+    request_model = models.CharField(max_length=255, blank=True)
+    response_model = models.CharField(max_length=255, blank=True)
+    provider = models.CharField(max_length=255, blank=True)
+    operation = models.CharField(max_length=64, default="chat")
+    input_tokens = models.IntegerField(default=0)
+    output_tokens = models.IntegerField(default=0)
+    total_tokens = models.IntegerField(default=0)
+    cache_read_tokens = models.IntegerField(default=0)
+    cache_write_tokens = models.IntegerField(default=0)
+    reasoning_tokens = models.IntegerField(default=0)
+    # The model's maximum context, and what filled it: {"system": n, "skills": n, "user": n,
+    # "assistant": n, "tool_observations": n, "compressed_summaries": n, "free": n}.
+    context_window = models.IntegerField(null=True, blank=True)
+    context_tokens = models.IntegerField(null=True, blank=True)
+    context_composition = models.JSONField(default=dict, blank=True)
+    input_messages = models.JSONField(default=list, blank=True)
+    output_messages = models.JSONField(default=list, blank=True)
+    finish_reason = models.CharField(max_length=64, blank=True)
+    # Token counts still to compute after the ingest response (see pipeline.ingest.deferred).
+    tokens_pending = models.BooleanField(default=False)
+
+    class Meta:
+        ordering = ["started_at"]
+        constraints = [models.UniqueConstraint(fields=["trace_id", "span_id"], name="llmcall_unique_span")]
+        indexes = [
+            models.Index(fields=["id"], condition=models.Q(tokens_pending=True), name="llm_tokens_pending_idx"),
+            models.Index(fields=["conversation", "started_at"], name="llm_conv_started_idx"),
+            models.Index(fields=["started_at"], name="llm_started_idx"),
+            models.Index(fields=["model", "started_at"], name="llm_model_started_idx"),
+            # The dashboard's "recent errors": the latest failed calls without walking every call.
+            models.Index(fields=["-started_at"], condition=models.Q(status="error"), name="llm_error_started_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.model or 'llm'} {self.span_id}"
+
+
+class ToolCall(SpanRecordMixin):
+    conversation = models.ForeignKey(Conversation, on_delete=models.CASCADE, related_name="tool_calls")
+    round = models.ForeignKey(Round, on_delete=models.CASCADE, null=True, blank=True, related_name="tool_calls")
+    llm_call = models.ForeignKey(
+        LLMCall, on_delete=models.SET_NULL, null=True, blank=True, related_name="tool_calls"
+    )
+    tool_name = models.CharField(max_length=255)
+    tool_call_id = models.CharField(max_length=255, blank=True, db_index=True)
+    arguments = models.JSONField(default=dict, blank=True)
+    observation = models.TextField(blank=True)
+    observation_tokens = models.IntegerField(default=0)
+    output_level = models.CharField(max_length=16, blank=True)
+    success = models.BooleanField(default=True)
+    error_code = models.CharField(max_length=64, blank=True)
+    retry_count = models.PositiveIntegerField(default=0)
+    artifact = models.ForeignKey(
+        "pipeline.Artifact", on_delete=models.SET_NULL, null=True, blank=True, related_name="tool_calls"
+    )
+    tokens_pending = models.BooleanField(default=False)  # observation_tokens still to count
+
+    class Meta:
+        ordering = ["started_at"]
+        constraints = [models.UniqueConstraint(fields=["trace_id", "span_id"], name="toolcall_unique_span")]
+        indexes = [
+            models.Index(fields=["id"], condition=models.Q(tokens_pending=True), name="tool_tokens_pending_idx"),
+            models.Index(fields=["tool_name", "started_at"], name="tool_name_started_idx"),
+            models.Index(fields=["started_at"], name="tool_started_idx"),
+            models.Index(fields=["conversation", "started_at"], name="tool_conv_started_idx"),
+            models.Index(fields=["-started_at"], condition=models.Q(success=False), name="tool_failed_started_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.tool_name} {self.tool_call_id or self.span_id}"

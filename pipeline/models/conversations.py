@@ -1,0 +1,71 @@
+"""A conversation (session or thread) and its rounds (one user turn of the ReAct loop)."""
+
+from __future__ import annotations
+
+from django.db import models
+
+
+class Status(models.TextChoices):
+    RUNNING = "running", "Running"
+    OK = "ok", "OK"
+    ERROR = "error", "Error"
+
+
+class Conversation(models.Model):
+    # From gen_ai.conversation.id, session.id, traceloop session, the REST payload, or the trace id.
+    external_id = models.CharField(max_length=255, unique=True)
+    title = models.CharField(max_length=500, blank=True)
+    # Set when a client named the conversation (REST `title`, ctxlens.conversation.title): the
+    # title is then no longer taken from the first user message.
+    title_explicit = models.BooleanField(default=False)
+    agent_name = models.CharField(max_length=255, blank=True)
+    user_id = models.CharField(max_length=255, blank=True)
+    service_name = models.CharField(max_length=255, blank=True)
+    model = models.CharField(max_length=255, blank=True, db_index=True)
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.RUNNING, db_index=True)
+    started_at = models.DateTimeField()
+    last_activity_at = models.DateTimeField()
+    round_count = models.PositiveIntegerField(default=0)
+    llm_call_count = models.PositiveIntegerField(default=0)
+    tool_call_count = models.PositiveIntegerField(default=0)
+    error_count = models.PositiveIntegerField(default=0)
+    input_tokens = models.BigIntegerField(default=0)
+    output_tokens = models.BigIntegerField(default=0)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-last_activity_at"]
+        indexes = [
+            models.Index(fields=["-last_activity_at"], name="conv_last_activity_idx"),
+            models.Index(fields=["started_at"], name="conv_started_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return self.title or self.external_id
+
+
+class Round(models.Model):
+    conversation = models.ForeignKey(Conversation, on_delete=models.CASCADE, related_name="rounds")
+    # Identity of the turn inside its conversation: "<trace_id>:<root span id>" for OTLP, or the
+    # round id a REST client sends.
+    key = models.CharField(max_length=255)
+    trace_id = models.CharField(max_length=32, blank=True, db_index=True)
+    user_message = models.TextField(blank=True)
+    final_answer = models.TextField(blank=True)
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.RUNNING)
+    started_at = models.DateTimeField()
+    ended_at = models.DateTimeField(null=True, blank=True)
+    duration_ms = models.FloatField(null=True, blank=True)
+    llm_call_count = models.PositiveIntegerField(default=0)
+    tool_call_count = models.PositiveIntegerField(default=0)
+    error_count = models.PositiveIntegerField(default=0)
+    input_tokens = models.BigIntegerField(default=0)
+    output_tokens = models.BigIntegerField(default=0)
+
+    class Meta:
+        ordering = ["conversation", "started_at"]
+        constraints = [models.UniqueConstraint(fields=["conversation", "key"], name="round_unique_key")]
+        indexes = [models.Index(fields=["conversation", "started_at"], name="round_conv_started_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.conversation_id}/{self.key}"

@@ -1,0 +1,164 @@
+"""Retention: delete what is older than CTXLENS_RETENTION_DAYS, a little at a time.
+
+What goes:
+- conversations whose last activity is before the cutoff, with every row that belongs to
+  them (rounds, LLM and tool calls, compressions, skill activations, spans, artifacts);
+- spans that belong to no conversation and started before the cutoff;
+- artifacts past their expiry time (their files go when the deletion commits);
+- OTLP log records (SpanLog) received before the cutoff.
+A conversation that is still active keeps all its spans, however old, so its trace stays whole.
+
+Every batch is its own short transaction of at most `batch_size` ids, so ingest and the
+dashboard never wait behind one long delete (SQLite has one writer; PostgreSQL row locks).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass, field
+
+from django.db import models, transaction
+from django.utils import timezone
+
+from pipeline.artifact_cleanup import delete_expired_artifacts
+from pipeline.conf import ctxlens_config
+from pipeline.models import (
+    Artifact,
+    CompressionEvent,
+    Conversation,
+    LLMCall,
+    Round,
+    SkillActivation,
+    Span,
+    SpanLog,
+    ToolCall,
+)
+
+BATCH_SIZE = 1000
+CONVERSATIONS_PER_STEP = 50
+
+
+@dataclass
+class PruneResult:
+    cutoff: dt.datetime
+    dry_run: bool = False
+    conversations: int = 0
+    spans: int = 0
+    artifacts: int = 0
+    other_rows: int = 0  # rounds, calls, compressions, skill activations, log records
+    batches: int = 0
+    counts: dict[str, int] = field(default_factory=dict)
+
+    def summary(self) -> str:
+        verb = "would delete" if self.dry_run else "deleted"
+        return (
+            f"prune: {verb} {self.conversations} conversations, {self.spans} spans, {self.artifacts} artifacts "
+            f"and {self.other_rows} other rows older than {self.cutoff:%Y-%m-%d %H:%M} UTC"
+            f"{'' if self.dry_run else f' in {self.batches} batches'}"
+        )
+
+
+def delete_in_batches(queryset: models.QuerySet, batch_size: int = BATCH_SIZE) -> tuple[int, int]:
+    """Delete the rows of `queryset` by primary key, `batch_size` per transaction.
+
+    Returns (rows of queryset's model deleted, batches). Cascades and post_delete receivers
+    (artifact files) run as usual inside each batch.
+    """
+    model = queryset.model
+    deleted = batches = 0
+    while True:
+        with transaction.atomic():
+            ids = list(queryset.order_by("pk").values_list("pk", flat=True)[:batch_size])
+            if not ids:
+                return deleted, batches
+            _, per_model = model.objects.filter(pk__in=ids).delete()
+        deleted += per_model.get(model._meta.label, 0)
+        batches += 1
+
+
+# Children before parents, so each conversation's final delete finds nothing left to cascade.
+_CONVERSATION_CHILDREN: list[tuple[type[models.Model], str]] = [
+    (ToolCall, "tool_calls"),
+    (CompressionEvent, "compressions"),
+    (SkillActivation, "skill_activations"),
+    (LLMCall, "llm_calls"),
+    (Round, "rounds"),
+    (Span, "spans"),
+    (Artifact, "artifacts"),
+]
+
+
+def prune(
+    days: int | None = None,
+    *,
+    dry_run: bool = False,
+    batch_size: int = BATCH_SIZE,
+    now: dt.datetime | None = None,
+) -> PruneResult:
+    days = ctxlens_config().retention_days if days is None else days
+    now = now or timezone.now()
+    result = PruneResult(cutoff=now - dt.timedelta(days=days), dry_run=dry_run)
+    old_conversations = Conversation.objects.filter(last_activity_at__lt=result.cutoff)
+    orphan_spans = Span.objects.filter(conversation__isnull=True, start_time__lt=result.cutoff)
+    old_logs = SpanLog.objects.filter(received_at__lt=result.cutoff)
+
+    if dry_run:
+        ids = old_conversations.values("pk")
+        result.conversations = old_conversations.count()
+        result.spans = Span.objects.filter(conversation__in=ids).count() + orphan_spans.count()
+        result.artifacts = Artifact.objects.filter(
+            models.Q(conversation__in=ids) | models.Q(expires_at__lte=now)
+        ).count()
+        result.other_rows = sum(
+            model.objects.filter(conversation__in=ids).count()
+            for model, _ in _CONVERSATION_CHILDREN
+            if model not in (Span, Artifact)
+        ) + old_logs.count()
+        return result
+
+    while True:
+        conversation_ids = list(
+            old_conversations.order_by("pk").values_list("pk", flat=True)[:CONVERSATIONS_PER_STEP]
+        )
+        if not conversation_ids:
+            break
+        for model, _ in _CONVERSATION_CHILDREN:
+            # The join re-checks the age in every batch: a conversation that comes back to life
+            # while it is being pruned keeps the rest of its rows.
+            rows = model.objects.filter(
+                conversation_id__in=conversation_ids, conversation__last_activity_at__lt=result.cutoff
+            )
+            deleted, batches = delete_in_batches(rows, batch_size)
+            _count(result, model, deleted)
+            result.batches += batches
+        with transaction.atomic():
+            # Re-check under the transaction: a span ingested meanwhile makes the conversation current again.
+            _, per_model = Conversation.objects.filter(
+                pk__in=conversation_ids, last_activity_at__lt=result.cutoff
+            ).delete()
+        result.batches += 1
+        result.conversations += per_model.get(Conversation._meta.label, 0)
+        for label, count in per_model.items():
+            if label != Conversation._meta.label:
+                result.counts[label] = result.counts.get(label, 0) + count
+
+    deleted, batches = delete_in_batches(orphan_spans, batch_size)
+    result.spans += deleted
+    result.batches += batches
+    expired = delete_expired_artifacts(now, batch_size=batch_size)  # the same TTL step as cleanup_artifacts
+    result.artifacts += expired.count
+    result.batches += expired.batches
+    deleted, batches = delete_in_batches(old_logs, batch_size)
+    result.other_rows += deleted
+    result.batches += batches
+    return result
+
+
+def _count(result: PruneResult, model: type[models.Model], deleted: int) -> None:
+    if model is Span:
+        result.spans += deleted
+    elif model is Artifact:
+        result.artifacts += deleted
+    else:
+        result.other_rows += deleted
+    result.counts[model._meta.label] = result.counts.get(model._meta.label, 0) + deleted

@@ -1,0 +1,25 @@
+"""Signals the pipeline sends. The dashboard listens; the pipeline never imports the dashboard."""
+
+from __future__ import annotations
+
+from typing import TypedDict
+
+from django.dispatch import Signal
+
+
+class IngestChanges(TypedDict):
+    """What one committed ingest request changed."""
+
+    conversation_ids: list[int]  # conversations created or changed
+    new_conversation_ids: list[int]
+    round_ids: list[int]  # rounds created or changed
+    llm_call_ids: list[int]  # new LLM calls
+    tool_call_ids: list[int]  # new tool calls
+    compression_ids: list[int]  # new compression events
+    input_tokens: int  # token deltas of the new LLM calls
+    output_tokens: int
+    span_count: int  # new spans stored
+
+
+# Sent once after each ingest transaction commits, with `changes: IngestChanges`.
+ingest_committed = Signal()
