@@ -1,0 +1,1 @@
+"""The REST API (DRF): ingest and read endpoints under /api/."""

@@ -1,0 +1,155 @@
+"""Read-side figures for the dashboard pages that the read API does not already compute.
+
+Every query is bounded by an indexed time range or a LIMIT, so page time does not grow with
+the number of stored spans. Per-tool statistics come from pipeline.stats.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from itertools import chain
+
+from django.db.models import Count, Max, Q, QuerySet, Sum
+from django.db.models.functions import TruncMinute
+from django.utils import timezone
+
+from pipeline.models import CompressionEvent, Conversation, LLMCall, Status, ToolCall
+
+# Columns that can hold a whole context window (megabytes per row with a real agent). Lists,
+# timelines and charts never show them: they are read only on the page of one record.
+HEAVY_COMPRESSION_FIELDS = ("before_messages", "after_messages", "dropped", "summarised", "summary",
+                            "tokens_before_by_category", "tokens_after_by_category")
+HEAVY_LLM_FIELDS = ("input_messages",)
+HEAVY_TOOL_FIELDS = ("arguments", "observation")
+
+ACTIVE_FOR = timedelta(minutes=5)  # a conversation with activity this recent counts as active
+# Latency histogram buckets (upper bounds in ms); the last bucket is open-ended.
+LATENCY_BUCKETS_MS = (10, 50, 100, 250, 500, 1000, 2500, 5000, 10000)
+
+
+def _since(qs: QuerySet, field: str, since: datetime | None) -> QuerySet:
+    return qs if since is None else qs.filter(**{f"{field}__gte": since})
+
+
+def tokens_per_minute(minutes: int = 60, now: datetime | None = None) -> dict[str, list]:
+    """Input and output tokens of LLM calls per minute over the last `minutes`, zero-filled."""
+    now = (now or timezone.now()).replace(second=0, microsecond=0)
+    start = now - timedelta(minutes=minutes - 1)
+    rows = (
+        LLMCall.objects.filter(started_at__gte=start)
+        .annotate(minute=TruncMinute("started_at"))
+        .values("minute")
+        .annotate(input=Sum("input_tokens"), output=Sum("output_tokens"))
+        .order_by()
+    )
+    by_minute = {row["minute"]: row for row in rows}
+    labels, inputs, outputs = [], [], []
+    for i in range(minutes):
+        minute = start + timedelta(minutes=i)
+        row = by_minute.get(minute, {})
+        labels.append(minute.strftime("%H:%M"))
+        inputs.append(row.get("input") or 0)
+        outputs.append(row.get("output") or 0)
+    return {"labels": labels, "input": inputs, "output": outputs}
+
+
+@dataclass(frozen=True)
+class Totals:
+    conversations: int
+    llm_calls: int
+    input_tokens: int
+    output_tokens: int
+    tool_calls: int
+    tool_errors: int
+    compressions: int
+    tokens_saved: int
+
+
+def totals(since: datetime | None) -> Totals:
+    llm = _since(LLMCall.objects.order_by(), "started_at", since).aggregate(
+        calls=Count("id"), input=Sum("input_tokens"), output=Sum("output_tokens")
+    )
+    tools = _since(ToolCall.objects.order_by(), "started_at", since).aggregate(
+        calls=Count("id"), errors=Count("id", filter=Q(success=False))
+    )
+    compressions = _since(CompressionEvent.objects.order_by(), "occurred_at", since).aggregate(
+        count=Count("id"), before=Sum("tokens_before"), after=Sum("tokens_after")
+    )
+    return Totals(
+        conversations=_since(Conversation.objects.order_by(), "last_activity_at", since).count(),
+        llm_calls=llm["calls"],
+        input_tokens=llm["input"] or 0,
+        output_tokens=llm["output"] or 0,
+        tool_calls=tools["calls"],
+        tool_errors=tools["errors"],
+        compressions=compressions["count"],
+        tokens_saved=(compressions["before"] or 0) - (compressions["after"] or 0),
+    )
+
+
+def active_conversations(limit: int = 8, now: datetime | None = None) -> list[Conversation]:
+    """Conversations with a running turn or recent activity, most recently active first."""
+    recent = (now or timezone.now()) - ACTIVE_FOR
+    return list(
+        Conversation.objects.filter(Q(status=Status.RUNNING) | Q(last_activity_at__gte=recent))
+        .order_by("-last_activity_at")[:limit]
+    )
+
+
+def recent_compressions(limit: int = 8) -> list[CompressionEvent]:
+    events = CompressionEvent.objects.select_related("conversation").defer(*HEAVY_COMPRESSION_FIELDS)
+    return list(events.order_by("-occurred_at")[:limit])
+
+
+@dataclass(frozen=True)
+class ErrorRow:
+    at: datetime
+    kind: str  # "tool" or "llm"
+    name: str
+    error_type: str
+    message: str
+    conversation: Conversation
+    anchor: str  # element id on the conversation page
+
+
+def recent_errors(limit: int = 8) -> list[ErrorRow]:
+    """The latest failed tool calls and LLM calls, newest first."""
+    tools = (ToolCall.objects.filter(success=False).select_related("conversation").defer(*HEAVY_TOOL_FIELDS)
+             .order_by("-started_at")[:limit])
+    llms = (LLMCall.objects.filter(status=Status.ERROR).select_related("conversation")
+            .defer(*HEAVY_LLM_FIELDS, "output_messages").order_by("-started_at")[:limit])
+    rows = chain(
+        (ErrorRow(t.started_at, "tool", t.tool_name, t.error_type, t.error_message, t.conversation, f"tool-{t.pk}")
+         for t in tools),
+        (ErrorRow(c.started_at, "llm", c.model or "LLM call", c.error_type, c.error_message, c.conversation,
+                  f"llm-{c.pk}") for c in llms),
+    )
+    return sorted(rows, key=lambda row: row.at, reverse=True)[:limit]
+
+
+def latency_histogram(calls: QuerySet[ToolCall]) -> dict[str, list]:
+    """Counts of tool calls per latency bucket (one grouped query)."""
+    bounds = (0, *LATENCY_BUCKETS_MS)
+    buckets = {
+        f"b{i}": Count("id", filter=Q(duration_ms__gte=low) & (Q(duration_ms__lt=high) if high else Q()))
+        for i, (low, high) in enumerate(zip(bounds, (*LATENCY_BUCKETS_MS, None)))
+    }
+    counts = calls.order_by().filter(duration_ms__isnull=False).aggregate(**buckets)
+    labels = [f"< {_ms(high)}" for high in LATENCY_BUCKETS_MS] + [f"≥ {_ms(LATENCY_BUCKETS_MS[-1])}"]
+    return {"labels": labels, "counts": [counts[f"b{i}"] for i in range(len(labels))]}
+
+
+def _ms(value: float) -> str:
+    return f"{value / 1000:g} s" if value >= 1000 else f"{value:g} ms"
+
+
+def errors_by_type(calls: QuerySet[ToolCall], limit: int = 20) -> list[dict]:
+    """Failed calls grouped by tool and error type, most frequent first."""
+    return list(
+        calls.order_by()
+        .filter(success=False)
+        .values("tool_name", "error_type")
+        .annotate(count=Count("id"), last_seen=Max("started_at"))
+        .order_by("-count", "tool_name")[:limit]
+    )

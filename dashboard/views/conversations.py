@@ -1,0 +1,66 @@
+"""The conversations list: search and filters, newest activity first, rows updated live."""
+
+from __future__ import annotations
+
+from django import forms
+from django.core.paginator import Paginator
+from django.db.models import Q, QuerySet
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.shortcuts import render
+from django.utils import timezone
+
+from dashboard.views.common import WINDOW_LABELS, WINDOWS, fragments, fragments_response, page
+from pipeline.models import Conversation, Status
+
+PAGE_SIZE = 50
+
+
+class ConversationFilter(forms.Form):
+    q = forms.CharField(required=False, max_length=200, label="Search")
+    model = forms.CharField(required=False, max_length=255)
+    status = forms.ChoiceField(required=False, choices=[("", "Any status"), *Status.choices])
+    window = forms.ChoiceField(required=False, choices=[("all", "Any time"), *[
+        (key, label) for key, label in WINDOW_LABELS.items() if key != "all"]])
+
+    def queryset(self) -> QuerySet[Conversation]:
+        qs = Conversation.objects.order_by("-last_activity_at", "-pk")
+        if not self.is_valid():
+            return qs
+        data = self.cleaned_data
+        if data["q"]:
+            q = data["q"]
+            qs = qs.filter(
+                Q(title__icontains=q) | Q(external_id__icontains=q) | Q(agent_name__icontains=q)
+                | Q(user_id__icontains=q) | Q(model__icontains=q)
+            )
+        if data["model"]:
+            qs = qs.filter(model=data["model"])
+        if data["status"]:
+            qs = qs.filter(status=data["status"])
+        span = WINDOWS.get(data["window"] or "all")
+        if span is not None:
+            qs = qs.filter(last_activity_at__gte=timezone.now() - span)
+        return qs
+
+
+def _context(request: HttpRequest) -> dict:
+    form = ConversationFilter(request.GET or None)
+    paginator = Paginator(form.queryset(), PAGE_SIZE)
+    page_obj = paginator.get_page(request.GET.get("page"))
+    query = request.GET.copy()
+    query.pop("page", None)
+    return {"form": form, "page_obj": page_obj, "conversations": page_obj.object_list, "query": query.urlencode()}
+
+
+@page
+def conversation_list(request: HttpRequest) -> HttpResponse:
+    context = _context(request)
+    models = Conversation.objects.exclude(model="").order_by("model").values_list("model", flat=True).distinct()
+    context.update(nav="conversations", models=list(models[:200]))
+    return render(request, "dashboard/conversations.html", context)
+
+
+@fragments
+def conversation_list_fragments(request: HttpRequest) -> JsonResponse:
+    context = _context(request)
+    return fragments_response(request, {"conversation-results": ("dashboard/partials/conversation_rows.html", context)})

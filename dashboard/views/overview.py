@@ -1,0 +1,45 @@
+"""The overview: token usage per minute, totals, active conversations, tools, compressions, errors."""
+
+from __future__ import annotations
+
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.shortcuts import render
+
+from dashboard import queries
+from dashboard.views.common import fragments, fragments_response, page, window_context, window_param
+from pipeline.stats import tool_calls_in, tool_stats
+
+PARTIALS = {
+    "overview-totals": "dashboard/partials/overview_totals.html",
+    "overview-active": "dashboard/partials/overview_active.html",
+    "overview-tools": "dashboard/partials/tool_stats.html",
+    "overview-compressions": "dashboard/partials/overview_compressions.html",
+    "overview-errors": "dashboard/partials/overview_errors.html",
+}
+
+
+def _context(request: HttpRequest) -> dict:
+    key, since = window_param(request)
+    return {
+        **window_context(key),
+        "totals": queries.totals(since),
+        "active": queries.active_conversations(),
+        "tool_stats": tool_stats(tool_calls_in(since=since)),
+        "tool_stats_id": "overview-tools",
+        "compressions": queries.recent_compressions(),
+        "errors": queries.recent_errors(),
+    }
+
+
+@page
+def overview(request: HttpRequest) -> HttpResponse:
+    context = _context(request)
+    context.update(nav="overview", partials=PARTIALS, tokens_chart=queries.tokens_per_minute())
+    return render(request, "dashboard/overview.html", context)
+
+
+@fragments
+def overview_fragments(request: HttpRequest) -> JsonResponse:
+    context = _context(request)
+    parts = {key: (template, context) for key, template in PARTIALS.items()}
+    return fragments_response(request, parts, {"tokens_chart": queries.tokens_per_minute()})

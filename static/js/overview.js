@@ -1,0 +1,24 @@
+// Overview: token chart, totals, active conversations, tools, compressions and errors, live.
+import { applyFragments, fetchFragments, flash, liveSocket, pageScript, readJSON, serialised } from "./live.js";
+import { tokensChart, updateTokensChart } from "./charts.js";
+
+const url = pageScript("overview.js").dataset.fragments;
+const chart = tokensChart(document.getElementById("tokens-chart"), readJSON("tokens-chart-data"));
+let changedTools = false;
+
+const refresh = serialised(async () => {
+  const json = await fetchFragments(url + location.search);
+  const toolsChanged = changedTools;
+  changedTools = false;
+  applyFragments(json.fragments);
+  updateTokensChart(chart, json.data.tokens_chart);
+  if (toolsChanged) flash(document.querySelectorAll("#overview-tools tbody tr"));
+});
+
+liveSocket("/ws/live/", {
+  onOpen: () => refresh(),
+  onChanges: (changes) => {
+    changedTools ||= changes.tool_calls > 0;
+    refresh();
+  },
+});
