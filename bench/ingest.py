@@ -1,0 +1,206 @@
+"""OTLP ingest throughput: spans/s persisted and queryable, request latency, lag, server RSS.
+
+Starts the app under uvicorn (as `make run` does) on a fresh temporary SQLite database — or on
+DATABASE_URL when it is set (e.g. PostgreSQL) — creates an ingest key, and drives the team's
+standard load (/work/shared/bench/otlp_load.py): OTLP protobuf batches of 100 agent spans
+(~3.5 KB each) from 4 concurrent senders. "Queryable" means every span is committed and no
+row is still waiting for its deferred token counts (tokens_pending); the lag is the time from
+the last response until then.
+
+    .venv/bin/python bench/ingest.py [--spans 20000] [--batch 100] [--concurrency 4] [--gzip] [--json]
+    DATABASE_URL=postgres://postgres@127.0.0.1:5432/ctxlens_bench .venv/bin/python bench/ingest.py
+    DATABASE_URL=postgres://… REDIS_URL=redis://127.0.0.1:6379/0 .venv/bin/python bench/ingest.py --workers 2
+
+With --workers N > 1, uvicorn runs N worker processes (the scale path: PostgreSQL and Redis);
+CPU and peak RSS are then summed over the workers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import shlex
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+LOAD_SCRIPT = Path(os.environ.get("CTXLENS_OTLP_LOAD", "/work/shared/bench/otlp_load.py"))
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def load_generator():
+    spec = importlib.util.spec_from_file_location("otlp_load", LOAD_SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def manage(env: dict[str, str], *args: str) -> str:
+    return subprocess.run([sys.executable, "manage.py", *args], cwd=ROOT, env=env, check=True,
+                          capture_output=True, text=True).stdout
+
+
+def start_server(env: dict[str, str], port: int, workers: int = 1) -> subprocess.Popen:
+    server = subprocess.Popen(
+        [sys.executable, "-m", "uvicorn", "config.asgi:application", "--host", "127.0.0.1", "--port", str(port),
+         "--lifespan", "off", "--log-level", "warning", *(["--workers", str(workers)] if workers > 1 else [])],
+        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    for _ in range(300):
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
+                return server
+        except httpx.TransportError:
+            time.sleep(0.1)
+    server.kill()
+    raise SystemExit("the server did not start")
+
+
+def peak_rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process (all its threads), from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def process_tree(pid: int) -> list[int]:
+    """The server and its worker processes (uvicorn --workers forks them from a supervisor)."""
+    children = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(stat[1]) == pid:
+                children.append(int(entry.name))
+    return [pid, *children]
+
+
+def tree_cpu_seconds(pid: int) -> float:
+    return sum(cpu_seconds(p) for p in process_tree(pid))
+
+
+def tree_peak_rss_mb(pid: int) -> float:
+    return sum(peak_rss_mb(p) for p in process_tree(pid))
+
+
+def queryable() -> tuple[int, int]:
+    """(spans stored, LLM/tool rows still pending), read through the ORM from the bench database."""
+    from pipeline.models import LLMCall, Span, ToolCall
+
+    stored = Span.objects.count()
+    pending = LLMCall.objects.filter(tokens_pending=True).count() + ToolCall.objects.filter(tokens_pending=True).count()
+    return stored, pending
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--spans", type=int, default=20000)
+    parser.add_argument("--batch", type=int, default=100)
+    parser.add_argument("--concurrency", type=int, default=4)
+    parser.add_argument("--gzip", action="store_true")
+    parser.add_argument("--json", action="store_true", help="OTLP/JSON instead of protobuf")
+    parser.add_argument("--lag-timeout", type=float, default=120.0)
+    parser.add_argument("--workers", type=int, default=1, help="uvicorn worker processes (several: the scale path)")
+    args = parser.parse_args()
+
+    tmp = tempfile.TemporaryDirectory(prefix="ctxlens-bench-")
+    given_url = os.environ.get("DATABASE_URL", "")
+    database_url = given_url or f"sqlite:///{tmp.name}/bench.sqlite3"
+    env = {**os.environ, "DATABASE_URL": database_url, "CTXLENS_DATA_DIR": tmp.name, "DEBUG": "0",
+           "LOG_LEVEL": "WARNING", "PYTHONUNBUFFERED": "1"}
+    os.environ.update({"DATABASE_URL": database_url, "CTXLENS_DATA_DIR": tmp.name, "DEBUG": "0",
+                       "DJANGO_SETTINGS_MODULE": "config.settings"})
+    sys.path.insert(0, str(ROOT))
+    import django
+
+    django.setup()
+    manage(env, "migrate", "--no-input")
+    from pipeline.models import Span
+
+    if Span.objects.exists():
+        raise SystemExit("the database is not empty; point DATABASE_URL at a fresh database")
+    key = manage(env, "create_api_key", "bench").strip().splitlines()[-1]
+
+    load = load_generator()
+    run_id = f"bench-{os.getpid()}"
+    t = time.perf_counter()
+    requests = load.build_requests(args.spans, args.batch, run_id=run_id)
+    bodies = [load.to_otlp_json(r) for r in requests] if args.json else [r.SerializeToString() for r in requests]
+    raw_bytes = sum(map(len, bodies))
+    if args.gzip:
+        import gzip
+
+        bodies = [gzip.compress(b, 6) for b in bodies]
+    counts = [sum(len(ss.spans) for rs in r.resource_spans for ss in rs.scope_spans) for r in requests]
+    print(f"built {len(bodies)} requests, {sum(counts)} spans, {raw_bytes / sum(counts):.0f} B/span "
+          f"in {time.perf_counter() - t:.1f} s", file=sys.stderr)
+
+    port = free_port()
+    server = start_server(env, port, args.workers)
+    try:
+        cpu_before = tree_cpu_seconds(server.pid)
+        started = time.perf_counter()
+        result = load.run_load(f"http://127.0.0.1:{port}/v1/traces", bodies, counts, args.concurrency, 600.0,
+                               "application/json" if args.json else "application/x-protobuf", args.gzip,
+                               extra_headers={"Authorization": f"Bearer {key}"})
+        last_response = time.perf_counter()
+        deadline = last_response + args.lag_timeout
+        while True:
+            stored, pending = queryable()
+            if (stored >= result["spans_accepted"] and pending == 0) or time.perf_counter() > deadline:
+                break
+            time.sleep(0.02)
+        done = time.perf_counter()
+        rss = tree_peak_rss_mb(server.pid)
+        server_cpu = tree_cpu_seconds(server.pid) - cpu_before
+    finally:
+        server.terminate()
+        server.wait(10)
+
+    backend = "PostgreSQL" if database_url.startswith("postgres") else "SQLite"
+    elapsed = done - started
+    print(f"backend            {backend}{', Redis' if os.environ.get('REDIS_URL') else ''}, "
+          f"uvicorn with {args.workers} worker process{'es' if args.workers > 1 else ''}")
+    print(f"spans sent         {sum(counts)} in {len(bodies)} requests of {args.batch} "
+          f"({'JSON' if args.json else 'protobuf'}{', gzip' if args.gzip else ''}), {args.concurrency} senders")
+    print(f"HTTP statuses      {result['http_status']}  exceptions {result['exceptions'] or 'none'}")
+    print(f"stored             {stored} spans, {pending} rows still pending")
+    print(f"throughput         {stored / elapsed:,.0f} spans/s persisted and queryable "
+          f"({result['spans_per_s']:,.0f} spans/s acknowledged)")
+    print(f"request latency    p50 {result['latency_ms']['p50']:.0f} ms, p95 {result['latency_ms']['p95']:.0f} ms")
+    print(f"lag                {(done - last_response) * 1000:.0f} ms from the last response until all queryable")
+    print(f"server peak RSS    {rss:.0f} MB")
+    print(f"server CPU         {server_cpu:.1f} s = {server_cpu / max(1, stored) * 1e6:.0f} µs per span "
+          f"(wall {elapsed:.1f} s; CPU shared with the load generator and other users)")
+    redis_url = os.environ.get("REDIS_URL", "")
+    print("reproduce          " + (f"DATABASE_URL={shlex.quote(given_url)} " if given_url else "")
+          + (f"REDIS_URL={shlex.quote(redis_url)} " if redis_url else "")
+          + f".venv/bin/python bench/ingest.py --spans {args.spans} --batch {args.batch} "
+          f"--concurrency {args.concurrency}{' --gzip' if args.gzip else ''}{' --json' if args.json else ''}"
+          + (f" --workers {args.workers}" if args.workers > 1 else ""))
+    ok = stored == sum(counts) and pending == 0 and result["http_errors"] == 0
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

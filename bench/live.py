@@ -1,0 +1,395 @@
+"""Live dashboard figures: ingest-to-browser latency, and page time with 1,000,000 stored spans.
+
+1. Latency from an OTLP POST to the websocket message in connected clients, p50/p95, with 1
+   and with 50 clients on /ws/live/. A real daphne on a fresh temporary SQLite database; each
+   sample is one agent turn (invoke_agent → chat, execute_tool) encoded by the OpenTelemetry
+   SDK's OTLP encoder and POSTed to /v1/traces; the clock runs from just before the POST to the
+   arrival, in each client, of the first message naming the new conversation. Posts are spaced
+   wider than CTXLENS_LIVE_INTERVAL_MS so that the per-browser throttle does not add to them.
+2. Server time of the overview and of a conversation page with 1,000,000 stored spans (plus
+   the round, LLM-call, tool-call, compression and conversation rows they stand for),
+   bulk-inserted into a temporary SQLite database; pages rendered in-process through Django's
+   test client; every query they run is checked with EXPLAIN QUERY PLAN for full scans.
+
+    .venv/bin/python bench/live.py                     # both parts
+    .venv/bin/python bench/live.py --part latency --samples 40 --clients 1,50
+    .venv/bin/python bench/live.py --part pages --spans 1000000
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shlex
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+BIG_TABLES = ("pipeline_span", "pipeline_llmcall", "pipeline_toolcall", "pipeline_round", "pipeline_conversation",
+              "pipeline_compressionevent")
+
+
+def setup_django(data_dir: Path) -> dict[str, str]:
+    env = {
+        "DJANGO_SETTINGS_MODULE": "config.settings", "CTXLENS_DATA_DIR": str(data_dir),
+        "DATABASE_URL": f"sqlite:///{data_dir / 'bench.sqlite3'}", "DEBUG": "0", "LOG_LEVEL": "WARNING",
+        "ALLOWED_HOSTS": "127.0.0.1,localhost,testserver",
+    }
+    os.environ.update(env)
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+
+    call_command("migrate", verbosity=0)
+    return {**os.environ, **env}
+
+
+def percentile(values: list[float], p: float) -> float:
+    ordered = sorted(values)
+    position = p * (len(ordered) - 1)
+    low = int(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+# --- 1. latency ---------------------------------------------------------------------------
+
+def turn_body(conversation_id: str) -> bytes:
+    """One agent turn recorded by the OTel SDK and encoded as an OTLP protobuf request."""
+    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from pipeline import semconv as sc
+
+    memory = InMemorySpanExporter()
+    provider = TracerProvider(resource=Resource.create({"service.name": "bench-agent"}))
+    provider.add_span_processor(SimpleSpanProcessor(memory))
+    tracer = provider.get_tracer("bench.live")
+    with tracer.start_as_current_span("invoke_agent bench", attributes={
+        "gen_ai.operation.name": "invoke_agent", sc.CONVERSATION_ID: conversation_id,
+        sc.ROUND_USER_MESSAGE: "How is the weather?", sc.ROUND_FINAL_ANSWER: "Sunny.",
+    }):
+        with tracer.start_as_current_span("chat gpt-4o", attributes={
+            "gen_ai.operation.name": "chat", "gen_ai.request.model": "gpt-4o",
+            "gen_ai.usage.input_tokens": 900, "gen_ai.usage.output_tokens": 40,
+            sc.CONTEXT_WINDOW: 128_000, sc.CONTEXT_COMPOSITION: json.dumps({"system": 300, "user": 600}),
+        }):
+            pass
+        with tracer.start_as_current_span("execute_tool get_weather", attributes={
+            "gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "get_weather",
+            "gen_ai.tool.call.id": "call_1", "gen_ai.tool.call.result": "sunny", sc.TOOL_OBSERVATION_TOKENS: 2,
+        }):
+            pass
+    provider.shutdown()
+    return encode_spans(memory.get_finished_spans()).SerializeToString()
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def start_daphne(env: dict[str, str], port: int) -> subprocess.Popen:
+    import httpx
+
+    server = subprocess.Popen([sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
+                               "config.asgi:application"], cwd=ROOT, env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    for _ in range(300):
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
+                return server
+        except httpx.TransportError:
+            time.sleep(0.1)
+    server.kill()
+    raise SystemExit("daphne did not start")
+
+
+def credentials() -> tuple[str, str]:
+    """(session cookie of a dashboard user, ingest key)."""
+    from django.contrib.auth import get_user_model
+    from django.test import Client
+
+    from pipeline.models import ApiKey
+
+    user, _ = get_user_model().objects.get_or_create(username="bench")
+    client = Client()
+    client.force_login(user)
+    return client.cookies["sessionid"].value, ApiKey.generate("bench")[1]
+
+
+async def _latency(port: int, clients: int, posts: int, session: str, key: str) -> list[float]:
+    import httpx
+    import websockets
+    from asgiref.sync import sync_to_async
+
+    from pipeline.models import Conversation
+
+    arrivals: list[list[tuple[float, dict]]] = [[] for _ in range(clients)]
+    headers = {"Cookie": f"sessionid={session}", "Origin": f"http://127.0.0.1:{port}"}
+    sockets = [await websockets.connect(f"ws://127.0.0.1:{port}/ws/live/", additional_headers=headers)
+               for _ in range(clients)]
+    for ws in sockets:
+        assert json.loads(await ws.recv())["type"] == "hello"
+
+    async def listen(i: int, ws) -> None:
+        async for raw in ws:
+            arrivals[i].append((time.perf_counter(), json.loads(raw)))
+
+    listeners = [asyncio.create_task(listen(i, ws)) for i, ws in enumerate(sockets)]
+    bodies = [(f"bench-live-{uuid.uuid4().hex}", None) for _ in range(posts)]
+    bodies = [(cid, turn_body(cid)) for cid, _ in bodies]
+    samples: list[float] = []
+    pk_of = sync_to_async(lambda cid: Conversation.objects.get(external_id=cid).pk)
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as http:
+        for conversation_id, body in bodies:
+            started = time.perf_counter()
+            reply = await http.post("/v1/traces", content=body, headers={
+                "Content-Type": "application/x-protobuf", "Authorization": f"Bearer {key}"})
+            reply.raise_for_status()
+            pk = await pk_of(conversation_id)
+            deadline = time.perf_counter() + 5
+            while time.perf_counter() < deadline:
+                firsts = [next((t for t, m in a if pk in m.get("new_conversation_ids", ())), None) for a in arrivals]
+                if all(firsts):
+                    samples.extend(t - started for t in firsts)
+                    break
+                await asyncio.sleep(0.002)
+            else:
+                print(f"  a client missed conversation {pk}", file=sys.stderr)
+            await asyncio.sleep(0.4)  # wider than the 250 ms per-browser interval
+    for task in listeners:
+        task.cancel()
+    for ws in sockets:
+        await ws.close()
+    return samples
+
+
+def measure_latency(env: dict[str, str], clients: int, posts: int) -> list[float]:
+    session, key = credentials()
+    port = free_port()
+    server = start_daphne(env, port)
+    try:
+        return asyncio.run(_latency(port, clients, posts, session, key))
+    finally:
+        server.terminate()
+        server.wait()
+
+
+# --- 2. page time with many spans ---------------------------------------------------------
+
+def _adapt(value: object) -> object:
+    if isinstance(value, datetime):
+        return value.astimezone(timezone.utc).replace(tzinfo=None).isoformat(" ")
+    if isinstance(value, (dict, list)):
+        return json.dumps(value)
+    return value
+
+
+def bulk_insert(model, rows: list[dict]) -> None:
+    """Plain executemany with every column (defaults filled in): far faster than bulk_create."""
+    from django.db import connection
+    from django.db.models import NOT_PROVIDED
+
+    fields = [f for f in model._meta.concrete_fields if not f.primary_key]
+    defaults = {}
+    for f in fields:
+        if f.default is not NOT_PROVIDED:
+            defaults[f.attname] = f.get_default()
+        elif f.null:
+            defaults[f.attname] = None
+        elif getattr(f, "auto_now_add", False) or getattr(f, "auto_now", False):
+            defaults[f.attname] = datetime.now(timezone.utc)
+        else:
+            defaults[f.attname] = ""
+    columns = ", ".join(connection.ops.quote_name(f.column) for f in fields)
+    sql = f"INSERT INTO {model._meta.db_table} ({columns}) VALUES ({', '.join('?' * len(fields))})"
+    with connection.cursor() as cursor:
+        cursor.executemany(sql, [tuple(_adapt(row.get(f.attname, defaults[f.attname])) for f in fields) for row in rows])
+
+
+def populate(total_spans: int) -> int:
+    """Conversations of 5 rounds; a round is 10 spans: the turn, 2 LLM calls, 3 tool calls, 4 others.
+
+    Spread over the last 30 days, so the 24-hour window of the overview holds about 1/30 of it.
+    Returns the id of a conversation active in the last hour.
+    """
+    from django.db import connection, transaction
+
+    from django.db.models import Max
+
+    from pipeline.models import CompressionEvent, Conversation, LLMCall, Round, Span, ToolCall
+
+    composition = {"system": 1500, "skills": 800, "user": 900, "assistant": 1200, "tool_observations": 9000}
+    conversations = max(1, total_spans // 50)
+    now = datetime.now(timezone.utc)
+    with connection.cursor() as cursor:
+        cursor.execute("PRAGMA synchronous=OFF")
+    # Ids continue after what is stored already (the latency part's conversations).
+    base = Conversation.objects.aggregate(m=Max("id"))["m"] or 0
+    n_round = Round.objects.aggregate(m=Max("id"))["m"] or 0
+    n_llm = LLMCall.objects.aggregate(m=Max("id"))["m"] or 0
+    for first in range(0, conversations, 1000):
+        batch = range(base + first, base + min(first + 1000, conversations))
+        conv_rows, round_rows, llm_rows, tool_rows, span_rows, comp_rows = [], [], [], [], [], []
+        for c in batch:
+            start = now - timedelta(days=30) * (1 - (c - base + 1) / conversations)
+            conv_rows.append(dict(id=c + 1, external_id=f"conv-{c}", title=f"Conversation {c}", model="gpt-4o",
+                                  status="ok", started_at=start, last_activity_at=start + timedelta(minutes=5),
+                                  round_count=5, llm_call_count=10, tool_call_count=15, input_tokens=134_000,
+                                  output_tokens=2000, created_at=start))
+            for r in range(5):
+                n_round += 1
+                trace = f"{c:024x}{r:08x}"
+                at = start + timedelta(minutes=r)
+                round_rows.append(dict(id=n_round, conversation_id=c + 1, key=f"{trace}:root", trace_id=trace,
+                                       user_message="question", final_answer="answer", status="ok", started_at=at,
+                                       ended_at=at + timedelta(seconds=30), duration_ms=30_000.0,
+                                       llm_call_count=2, tool_call_count=3, input_tokens=26_800, output_tokens=400))
+                span_rows.append(dict(trace_id=trace, span_id=f"{0:016x}", name="invoke_agent", kind="agent",
+                                      start_time=at, conversation_id=c + 1, received_at=at))
+                for i in range(2):
+                    n_llm += 1
+                    t = at + timedelta(seconds=10 * i)
+                    llm_rows.append(dict(id=n_llm, conversation_id=c + 1, round_id=n_round, trace_id=trace,
+                                         span_id=f"{1 + i:016x}", started_at=t, duration_ms=900.0, model="gpt-4o",
+                                         input_tokens=13_400, output_tokens=200, context_window=128_000,
+                                         context_tokens=13_400, context_composition=composition))
+                    span_rows.append(dict(trace_id=trace, span_id=f"{1 + i:016x}", name="chat gpt-4o", kind="llm",
+                                          start_time=t, conversation_id=c + 1, received_at=t))
+                for i in range(3):
+                    t = at + timedelta(seconds=3 + 10 * i)
+                    ok = (c + r + i) % 17 != 0
+                    tool_rows.append(dict(conversation_id=c + 1, round_id=n_round, trace_id=trace,
+                                          span_id=f"{3 + i:016x}", started_at=t, duration_ms=float(20 + (c * 7 + i * 13) % 900),
+                                          tool_name=("get_weather", "web_search", "query_sales")[i],
+                                          arguments={"q": "x"}, observation="result " * 20, observation_tokens=40,
+                                          success=ok, status="ok" if ok else "error",
+                                          error_type="" if ok else "timeout", retry_count=0 if ok else 1))
+                    span_rows.append(dict(trace_id=trace, span_id=f"{3 + i:016x}", name="execute_tool", kind="tool",
+                                          start_time=t, conversation_id=c + 1, received_at=t))
+                for i in range(4):
+                    t = at + timedelta(seconds=1 + i)
+                    span_rows.append(dict(trace_id=trace, span_id=f"{6 + i:016x}", name="chain", kind="chain",
+                                          start_time=t, conversation_id=c + 1, received_at=t))
+            comp_rows.append(dict(conversation_id=c + 1, round_id=n_round, trace_id=f"{c:024x}{4:08x}",
+                                  span_id=f"{99:016x}", strategy="extract", occurred_at=start + timedelta(minutes=4),
+                                  messages_before=40, messages_after=12, tokens_before=110_000, tokens_after=60_000))
+        with transaction.atomic():
+            for model, rows in ((Conversation, conv_rows), (Round, round_rows), (LLMCall, llm_rows),
+                                (ToolCall, tool_rows), (Span, span_rows), (CompressionEvent, comp_rows)):
+                bulk_insert(model, rows)
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE")
+    return base + conversations  # the newest conversation: active in the last hour
+
+
+def full_scans(queries: list[dict]) -> list[str]:
+    """Queries whose plan reads a whole big table: SQLite's SCAN <table>, or SCAN <table> USING
+    INDEX (a walk of the whole index) in a query without a LIMIT to stop it early."""
+    from django.db import connection
+
+    found = []
+    with connection.cursor() as cursor:
+        for query in queries:
+            sql = query["sql"]
+            if not sql.lstrip().upper().startswith("SELECT"):
+                continue
+            cursor.execute("EXPLAIN QUERY PLAN " + sql)
+            for row in cursor.fetchall():
+                detail = row[-1]
+                big = detail.startswith("SCAN ") and any(t in detail for t in BIG_TABLES)
+                if big and ("USING" not in detail or " LIMIT " not in sql):
+                    found.append(f"{detail}  <-  {sql[:160]}")
+    return found
+
+
+def measure_pages(total_spans: int, repeat: int, verbose: bool = False) -> list[str]:
+    from django.contrib.auth import get_user_model
+    from django.db import connection
+    from django.test import Client
+    from django.test.utils import CaptureQueriesContext
+
+    from pipeline.models import Conversation, Span
+
+    started = time.perf_counter()
+    if Span.objects.count() >= total_spans:  # a kept database (--keep) already holds them
+        newest = Conversation.objects.order_by("-started_at").values_list("pk", flat=True)[0]
+    else:
+        newest = populate(total_spans)
+    lines = [f"stored {Span.objects.count():,} spans in {time.perf_counter() - started:.0f} s (bulk insert)"]
+    client = Client()
+    client.force_login(get_user_model().objects.get_or_create(username="bench-pages")[0])
+    pages = {
+        "overview (24 h window)": "/",
+        "overview (all time)": "/?window=all",
+        "conversation (5 turns, 50 spans)": f"/conversations/{newest}/",
+        "conversation live fragments": f"/fragments/conversations/{newest}/?rounds=1",
+        "conversations list": "/conversations/",
+        "tools (24 h window)": "/tools/",
+    }
+    for name, url in pages.items():
+        assert client.get(url).status_code == 200, url  # warm caches
+        timings = []
+        for _ in range(repeat):
+            t0 = time.perf_counter()
+            response = client.get(url)
+            timings.append(time.perf_counter() - t0)
+            assert response.status_code == 200
+        with CaptureQueriesContext(connection) as captured:
+            client.get(url)
+        scans = full_scans(captured.captured_queries)
+        slowest = max(captured.captured_queries, key=lambda q: float(q["time"]))
+        lines.append(f"{name:<36} p50 {percentile(timings, .5) * 1000:7.1f} ms  p95 "
+                     f"{percentile(timings, .95) * 1000:7.1f} ms  {len(captured.captured_queries):>2} queries"
+                     f"{'' if not scans else f'  FULL SCANS: {len(scans)}'}")
+        if verbose:
+            lines.append(f"    slowest query {float(slowest['time']) * 1000:.1f} ms: {slowest['sql'][:300]}")
+        lines.extend(f"    {scan}" for scan in scans)
+    return lines
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--part", choices=("latency", "pages", "all"), default="all")
+    parser.add_argument("--samples", type=int, default=40, help="OTLP posts per client count")
+    parser.add_argument("--clients", default="1,50", help="comma-separated websocket client counts")
+    parser.add_argument("--spans", type=int, default=1_000_000, help="stored spans for the page timings")
+    parser.add_argument("--repeat", type=int, default=20, help="renders of each page")
+    parser.add_argument("--keep", metavar="DIR", help="keep (and reuse) the database in DIR instead of a temp dir")
+    parser.add_argument("--verbose", action="store_true", help="print each page's slowest query")
+    args = parser.parse_args()
+    print(f"# .venv/bin/python bench/live.py {' '.join(shlex.quote(a) for a in sys.argv[1:])}".rstrip())
+    print(f"# {os.cpu_count()} CPUs shared with other engineers' work while measuring: treat as noisy upper bounds")
+    with tempfile.TemporaryDirectory(prefix="ctxlens-bench-live-") as tmp:
+        if args.keep:
+            Path(args.keep).mkdir(parents=True, exist_ok=True)
+        env = setup_django(Path(args.keep or tmp))
+        if args.part in ("latency", "all"):
+            for clients in (int(c) for c in args.clients.split(",")):
+                samples = measure_latency(env, clients, args.samples)
+                print(f"OTLP POST -> websocket message, {clients:>2} client(s): p50 {percentile(samples, .5) * 1000:6.1f} ms"
+                      f"  p95 {percentile(samples, .95) * 1000:6.1f} ms  (mean {statistics.mean(samples) * 1000:.1f} ms,"
+                      f" {len(samples)} deliveries)")
+        if args.part in ("pages", "all"):
+            for line in measure_pages(args.spans, args.repeat, args.verbose):
+                print(line)
+
+
+if __name__ == "__main__":
+    main()

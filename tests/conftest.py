@@ -1,0 +1,157 @@
+"""Shared fixtures: named users, an artifact sandbox per test, and a real daphne server."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from django.db import connection
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="session")
+def django_db_setup(django_db_setup):
+    """pytest-django's test databases; the ingest writer threads close their connections before
+    the databases are dropped (PostgreSQL refuses to drop a database still in use)."""
+    yield
+    from pipeline.ingest.writer import stop_writer
+
+    stop_writer()
+
+
+@pytest.fixture(autouse=True)
+def fresh_cache() -> None:
+    """Every test starts with an empty Django cache. On the scale pass the cache is Redis, which
+    outlives a run: without this, idempotency entries, rate-limit windows and the summariser's
+    hourly cost budget would carry over from earlier tests and runs."""
+    from django.core.cache import cache
+
+    cache.clear()
+
+
+@pytest.fixture
+def alice(django_user_model):
+    """A superuser."""
+    return django_user_model.objects.create_superuser("alice", "alice@example.com", "alice-pass-123")
+
+
+@pytest.fixture
+def bob(django_user_model):
+    """A plain, non-staff user."""
+    return django_user_model.objects.create_user("bob", "bob@example.com", "bob-pass-123")
+
+
+@pytest.fixture
+def artifact_dir(tmp_path, settings) -> Path:
+    path = tmp_path / "artifacts"
+    path.mkdir()
+    settings.CTXLENS_ARTIFACT_DIR = path
+    return path
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_database_url() -> str:
+    """A DATABASE_URL that points another process at the test database of this run."""
+    s = connection.settings_dict
+    if s["ENGINE"].endswith("sqlite3"):
+        return f"sqlite:///{s['NAME']}"
+    user = s.get("USER") or ""
+    password = f":{s['PASSWORD']}" if s.get("PASSWORD") else ""
+    host = s.get("HOST") or "127.0.0.1"
+    port = s.get("PORT") or 5432
+    return f"postgres://{user}{password}@{host}:{port}/{s['NAME']}"
+
+
+@dataclass
+class LiveServer:
+    url: str
+    port: int
+    process: subprocess.Popen
+    log_path: Path
+
+    @property
+    def ws_url(self) -> str:
+        return self.url.replace("http://", "ws://", 1)
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+
+def start_daphne(
+    tmp_dir: Path, extra_env: dict[str, str] | None = None, port: int | None = None, *, healthy: bool = True
+) -> LiveServer:
+    """Start `daphne config.asgi:application` on the test database and wait until /healthz
+    answers 200 (or, with healthy=False, answers at all)."""
+    port = port or free_port()
+    env = {**os.environ, "DATABASE_URL": test_database_url(), "DEBUG": "1", "PYTHONUNBUFFERED": "1"}
+    env.update(extra_env or {})
+    log_path = tmp_dir / f"daphne-{port}.log"
+    log = log_path.open("wb")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "config.asgi:application"],
+        cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+    )
+    server = LiveServer(url=f"http://127.0.0.1:{port}", port=port, process=process, log_path=log_path)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"daphne exited with {process.returncode}:\n{server.log()}")
+        try:
+            with urllib.request.urlopen(f"{server.url}/healthz", timeout=5) as reply:
+                if reply.status == 200:
+                    return server
+        except urllib.error.HTTPError:
+            if not healthy:
+                return server
+            time.sleep(0.1)
+        except OSError:
+            time.sleep(0.1)
+    server.stop()
+    raise RuntimeError(f"daphne did not become healthy in 30 s:\n{server.log()}")
+
+
+@pytest.fixture
+def daphne_factory(transactional_db, tmp_path) -> Iterator[Callable[..., LiveServer]]:
+    """Start one or more daphne processes on the test database; all are stopped after the test."""
+    servers: list[LiveServer] = []
+
+    def factory(
+        extra_env: dict[str, str] | None = None, port: int | None = None, *, healthy: bool = True
+    ) -> LiveServer:
+        server = start_daphne(tmp_path, extra_env, port, healthy=healthy)
+        servers.append(server)
+        return server
+
+    yield factory
+    for server in servers:
+        server.stop()
+
+
+@pytest.fixture
+def live_daphne(daphne_factory, artifact_dir) -> LiveServer:
+    """One daphne process serving the whole app on the test database."""
+    return daphne_factory({"CTXLENS_ARTIFACT_DIR": str(artifact_dir)})

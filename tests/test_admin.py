@@ -1,0 +1,114 @@
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.contrib import admin
+from django.urls import reverse
+
+from pipeline.models import ApiKey, Artifact
+from pipeline.models.apikeys import Scope
+from tests.factories import make_artifact
+
+pytestmark = pytest.mark.django_db
+
+PIPELINE_MODELS = [m for m in admin.site._registry if m._meta.app_label == "pipeline"]
+
+
+def test_every_pipeline_model_has_an_admin():
+    from django.apps import apps
+
+    assert set(apps.get_app_config("pipeline").get_models()) == set(PIPELINE_MODELS)
+
+
+@pytest.mark.parametrize("model", PIPELINE_MODELS, ids=lambda m: m.__name__)
+def test_a_superuser_sees_each_changelist(client, alice, model):
+    client.force_login(alice)
+    url = reverse(f"admin:pipeline_{model._meta.model_name}_changelist")
+    assert client.get(url).status_code == 200
+
+
+@pytest.mark.parametrize("model", PIPELINE_MODELS, ids=lambda m: m.__name__)
+def test_an_anonymous_user_is_sent_to_the_admin_login(client, model):
+    url = reverse(f"admin:pipeline_{model._meta.model_name}_changelist")
+    response = client.get(url)
+    assert response.status_code == 302
+    assert response["Location"].startswith(reverse("admin:login"))
+
+
+def test_a_plain_user_cannot_open_the_admin(client, bob):
+    client.force_login(bob)
+    response = client.get(reverse("admin:pipeline_artifact_changelist"))
+    assert response.status_code == 302
+
+
+def test_the_artifact_page_shows_an_escaped_preview_and_no_path(client, alice, artifact_dir):
+    artifact = make_artifact(artifact_dir, b"<script>alert(1)</script> result rows")
+    client.force_login(alice)
+    html = client.get(reverse("admin:pipeline_artifact_change", args=[artifact.pk])).content.decode()
+    assert "&lt;script&gt;alert(1)&lt;/script&gt; result rows" in html
+    assert "<script>alert(1)" not in html
+    assert str(artifact_dir) not in html
+
+
+def test_the_artifact_list_shows_its_columns_and_searches(client, alice, artifact_dir):
+    artifact = make_artifact(artifact_dir, b"quarterly sales table")
+    make_artifact(artifact_dir, b"something else")
+    client.force_login(alice)
+    html = client.get(reverse("admin:pipeline_artifact_changelist"), {"q": artifact.sha256[:10]}).content.decode()
+    assert artifact.artifact_id in html and artifact.sha256[:12] in html
+    assert "1 result" in html
+
+
+def test_the_download_link_returns_the_content(client, alice, artifact_dir):
+    artifact = make_artifact(artifact_dir, b"col_a,col_b\n1,2\n", mime="text/csv")
+    client.force_login(alice)
+    response = client.get(reverse("admin:pipeline_artifact_download", args=[artifact.pk]))
+    assert response.status_code == 200
+    assert b"".join(response.streaming_content) == b"col_a,col_b\n1,2\n"
+    assert artifact.artifact_id in response["Content-Disposition"]
+
+
+def test_a_download_whose_file_is_gone_is_a_404(client, alice, artifact_dir):
+    artifact = make_artifact(artifact_dir, b"soon gone")
+    (artifact_dir / artifact.artifact_id).unlink()
+    client.force_login(alice)
+    assert client.get(reverse("admin:pipeline_artifact_download", args=[artifact.pk])).status_code == 404
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_expired_action_deletes_expired_artifacts_and_their_files(client, alice, artifact_dir):
+    expired = make_artifact(artifact_dir, b"old", expires_in=timedelta(hours=-1))
+    fresh = make_artifact(artifact_dir, b"new", expires_in=timedelta(hours=1))
+    client.force_login(alice)
+    response = client.post(
+        reverse("admin:pipeline_artifact_changelist"),
+        {"action": "delete_expired", "_selected_action": [fresh.pk]},
+        follow=True,
+    )
+    assert "Deleted 1 expired artifact" in response.content.decode()
+    assert list(Artifact.objects.values_list("pk", flat=True)) == [fresh.pk]
+    assert not (artifact_dir / expired.artifact_id).exists()
+    assert (artifact_dir / fresh.artifact_id).exists()
+
+
+def test_a_key_added_in_the_admin_is_shown_once_and_stored_hashed(client, alice):
+    client.force_login(alice)
+    response = client.post(
+        reverse("admin:pipeline_apikey_add"), {"name": "collector", "scope": Scope.INGEST}, follow=True
+    )
+    message = next(str(m) for m in response.context["messages"] if "New API key" in str(m))
+    raw = message.split(": ", 1)[1].split(" ")[0]
+    key = ApiKey.objects.get(name="collector")
+    assert ApiKey.authenticate(raw) == key
+    assert key.created_by == alice
+    # Shown once: the key's own page does not show it again.
+    page = client.get(reverse("admin:pipeline_apikey_change", args=[key.pk])).content.decode()
+    assert raw not in page
+
+
+def test_the_revoke_action_revokes_keys(client, alice):
+    key, raw = ApiKey.generate("old-agent", Scope.ALL)
+    client.force_login(alice)
+    client.post(reverse("admin:pipeline_apikey_changelist"), {"action": "revoke", "_selected_action": [key.pk]})
+    assert ApiKey.authenticate(raw) is None

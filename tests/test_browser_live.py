@@ -1,0 +1,143 @@
+"""Live updates in a real Chromium against real daphne: bursts are coalesced on the way to the
+page, and pages reconnect by themselves after a server restart and catch up on what they missed."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+from opentelemetry.sdk.trace.export import SpanExportResult
+from playwright.sync_api import expect
+
+from pipeline.models import Conversation, Round
+from tests.agent_traces import record_turns, span_count
+from tests.browser_support import (  # noqa: F401 (browser, page: fixtures)
+    _orm_beside_playwright,
+    browser,
+    ingest_key,
+    log_in,
+    page,
+    send_turn,
+    wait_live,
+    wait_until_true,
+)
+from tests.dashboard_fixtures import make_conversation, make_llm_call
+
+pytestmark = pytest.mark.browser
+BURST = 30  # OTLP requests, each its own ingest commit and signal
+
+
+# Records each websocket message with the page's own clock as it arrives.
+RECORD_FRAMES = """
+window.__frames = [];
+window.WebSocket = class extends WebSocket {
+  constructor(...args) {
+    super(...args);
+    this.addEventListener("message", (event) => window.__frames.push([performance.now(), JSON.parse(event.data)]));
+  }
+};
+"""
+
+
+def test_a_burst_of_ingest_reaches_the_page_as_a_few_messages_that_miss_nothing(live_daphne, page, alice):
+    page.add_init_script(RECORD_FRAMES)
+    log_in(page, live_daphne)
+    wait_live(page)
+    interval_ms = page.evaluate("window.__frames.find(([, m]) => m.type === 'hello')[1].interval_ms")
+    batches = [record_turns(f"conv-burst-{n}", turns=1) for n in range(BURST)]
+    exporter = OTLPSpanExporter(endpoint=f"{live_daphne.url}/v1/traces",
+                                headers={"Authorization": f"Bearer {ingest_key()}"})
+    started = page.evaluate("performance.now()")
+    for spans in batches:  # as fast as the server answers: each request is one ingest commit
+        assert exporter.export(spans) is SpanExportResult.SUCCESS
+    sent = page.evaluate("performance.now()")
+    exporter.shutdown()
+
+    expected = BURST * span_count(turns=1)
+    expect(page.locator('#overview-totals [data-stat="conversations"]')).to_have_text(str(BURST), timeout=5000)
+    wait_until_true(page, f"""window.__frames.filter(([, m]) => m.type === 'changes')
+                              .reduce((sum, [, m]) => sum + m.spans, 0) >= {expected}""", timeout_ms=5000)
+    changes = page.evaluate(f"window.__frames.filter(([at, m]) => m.type === 'changes' && at >= {started})")
+    # Nothing lost: every span and new conversation of the burst is named by some message.
+    assert sum(m["spans"] for _, m in changes) == expected
+    named = {i for _, m in changes for i in m["new_conversation_ids"]}
+    assert named == set(Conversation.objects.filter(external_id__startswith="conv-burst-").values_list("pk", flat=True))
+    # Coalesced: at most one message per interval while the burst lasted, plus a last one.
+    assert len(changes) <= (sent - started) / interval_ms + 2, (len(changes), sent - started)
+    assert len(changes) < BURST
+    gaps = [b[0] - a[0] for a, b in zip(changes, changes[1:])]
+    assert all(gap >= 0.8 * interval_ms for gap in gaps), gaps
+
+
+def test_the_list_reconnects_after_a_server_restart_and_catches_up(daphne_factory, artifact_dir, page, alice):
+    env = {"CTXLENS_ARTIFACT_DIR": str(artifact_dir)}
+    server = daphne_factory(env)
+    make_conversation("conv-before-restart", rounds=1)
+    log_in(page, server)
+    page.goto(f"{server.url}/conversations/")
+    wait_live(page)
+    page.evaluate("window.__not_reloaded = true")
+    server.stop()
+    expect(page.locator("#live-status")).to_have_attribute("data-state", "reconnecting", timeout=5000)
+    make_conversation("conv-while-down", title="Arrived while the server was down", rounds=1)
+    daphne_factory(env, port=server.port)
+    wait_live(page, timeout=15_000)
+    expect(page.locator("#conversation-results tbody tr").filter(has_text="Arrived while the server was down")
+           ).to_be_visible()
+    assert page.evaluate("window.__not_reloaded")
+
+
+def test_a_conversation_reconnects_after_a_server_restart_and_shows_the_turns_it_missed(
+        daphne_factory, artifact_dir, page, alice):
+    env = {"CTXLENS_ARTIFACT_DIR": str(artifact_dir)}
+    server = daphne_factory(env)
+    demo = make_conversation("conv-restart", rounds=1)
+    log_in(page, server)
+    page.goto(f"{server.url}/conversations/{demo.conversation.pk}/")
+    wait_live(page)
+    expect(page.locator(".turn")).to_have_count(1)
+    page.evaluate("window.__not_reloaded = true")
+    server.stop()
+    expect(page.locator("#live-status")).to_have_attribute("data-state", "reconnecting", timeout=5000)
+
+    at = demo.rounds[0].started_at + timedelta(minutes=1)
+    missed = Round.objects.create(conversation=demo.conversation, key="conv-restart:missed", started_at=at,
+                                  user_message="Asked while the server was down", status="running")
+    make_llm_call(demo.conversation, missed, at + timedelta(seconds=1), output_text="Thinking it over.")
+    Conversation.objects.filter(pk=demo.conversation.pk).update(round_count=2, llm_call_count=3, status="running")
+
+    daphne_factory(env, port=server.port)
+    wait_live(page, timeout=15_000)
+    turn = page.locator(f"#round-{missed.pk}")
+    expect(turn).to_contain_text("Asked while the server was down")
+    expect(turn.locator(".step-running")).to_be_visible()
+    expect(page.locator(".turn")).to_have_count(2)
+    expect(page.locator('#conversation-header [data-stat="rounds"]')).to_have_text("2")
+    assert page.evaluate("Chart.getChart('context-chart').data.labels.length") == 3
+    assert page.evaluate("window.__not_reloaded")
+
+
+def test_a_conversation_whose_live_fetch_fails_fetches_the_new_turn_again(live_daphne, page, alice):
+    demo = make_conversation("conv-flaky", rounds=1)
+    log_in(page, live_daphne)
+    page.goto(f"{live_daphne.url}/conversations/{demo.conversation.pk}/")
+    wait_live(page)
+    page.wait_for_load_state("networkidle")
+    page.evaluate("window.__not_reloaded = true")
+    failed: list[str] = []
+
+    def fail_twice(route) -> None:
+        # As many failures as the ingest sends messages (one or two): only a retry recovers.
+        if len(failed) >= 2:
+            route.continue_()
+        else:
+            failed.append(route.request.url)
+            route.fulfill(status=502, body="bad gateway")
+
+    page.route("**/fragments/conversations/**", fail_twice)
+    send_turn(live_daphne, ingest_key(), "conv-flaky", tool="get_weather", observation="Rain, 9 °C",
+              user_message="And in Bergen?")
+    expect(page.locator(".turn").filter(has_text="And in Bergen?")).to_be_visible(timeout=8000)
+    assert len(failed) == 2 and "rounds=" in failed[0]
+    assert page.evaluate("window.__not_reloaded")

@@ -1,0 +1,166 @@
+"""The websocket consumers, through the whole ASGI application (origin check, session auth)."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+
+import pytest
+from asgiref.sync import sync_to_async
+from channels.testing import WebsocketCommunicator
+from django.test import Client
+
+from config.asgi import application
+from dashboard.consumers import CLOSE_NOT_FOUND, CLOSE_UNAUTHENTICATED
+from dashboard.routing import websocket_urlpatterns
+from pipeline.signals import IngestChanges, ingest_committed
+from tests.dashboard_fixtures import make_conversation
+
+pytestmark = [pytest.mark.anyio, pytest.mark.django_db(transaction=True)]
+ORIGIN = (b"origin", b"http://127.0.0.1")
+
+
+@pytest.fixture
+def anyio_backend():
+    return "asyncio"
+
+
+@pytest.fixture
+def session_cookie(alice) -> tuple[bytes, bytes]:
+    client = Client()
+    client.force_login(alice)
+    return (b"cookie", f"sessionid={client.cookies['sessionid'].value}".encode())
+
+
+def changes(conversation_id: int, round_id: int = 0, tool_calls: int = 0) -> IngestChanges:
+    return IngestChanges(
+        conversation_ids=[conversation_id], new_conversation_ids=[], round_ids=[round_id] if round_id else [],
+        llm_call_ids=[], tool_call_ids=list(range(tool_calls)), compression_ids=[], input_tokens=10,
+        output_tokens=5, span_count=1,
+    )
+
+
+async def connect(path: str, *headers: tuple[bytes, bytes]) -> WebsocketCommunicator:
+    communicator = WebsocketCommunicator(application, path, headers=[ORIGIN, *headers])
+    connected, _ = await communicator.connect()
+    assert connected
+    return communicator
+
+
+async def drain(communicator: WebsocketCommunicator, seconds: float) -> list[dict]:
+    """Every message that arrives within `seconds` (a receive that times out would stop the app)."""
+    messages = []
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + seconds
+    while (left := deadline - loop.time()) > 0:
+        if not await communicator.receive_nothing(timeout=left, interval=0.01):
+            messages.append(await communicator.receive_json_from())
+    return messages
+
+
+def websocket_paths() -> list[str]:
+    """Every websocket route (a route added later is checked too), with 1 for each argument."""
+    paths = []
+    for route in websocket_urlpatterns:
+        path = str(route.pattern)
+        for name in route.pattern.regex.groupindex:
+            path = re.sub(rf"<(\w+:)?{name}>", "1", path)
+        paths.append(f"/{path}")
+    return paths
+
+
+async def test_it_refuses_an_anonymous_websocket_with_4401():
+    paths = websocket_paths()
+    assert {"/ws/live/", "/ws/conversations/1/"} <= set(paths)
+    for path in paths:
+        communicator = WebsocketCommunicator(application, path, headers=[ORIGIN])
+        connected, _ = await communicator.connect()
+        assert connected  # accepted only so that the browser learns why it is closed
+        assert await communicator.receive_output() == {"type": "websocket.close", "code": CLOSE_UNAUTHENTICATED}
+
+
+async def test_it_refuses_a_websocket_from_another_origin(session_cookie):
+    communicator = WebsocketCommunicator(application, "/ws/live/",
+                                         headers=[(b"origin", b"http://evil.example"), session_cookie])
+    connected, _ = await communicator.connect()
+    assert not connected
+
+
+async def test_a_logged_in_browser_gets_hello_then_changes(session_cookie):
+    communicator = await connect("/ws/live/", session_cookie)
+    assert await communicator.receive_json_from() == {"type": "hello", "interval_ms": 250}
+    await sync_to_async(ingest_committed.send)(sender=None, changes=changes(7, round_id=70, tool_calls=2))
+    message = await communicator.receive_json_from(timeout=2)
+    assert message["type"] == "changes"
+    assert message["conversation_ids"] == [7] and message["round_ids"] == [70]
+    assert message["tool_calls"] == 2 and message["input_tokens"] == 10 and not message["overflow"]
+    await communicator.disconnect()
+
+
+async def test_a_burst_of_ingest_is_coalesced_into_a_few_messages(session_cookie):
+    communicator = await connect("/ws/live/", session_cookie)
+    await communicator.receive_json_from()
+    for n in range(1, 91):  # 90 commits at once (the in-memory layer holds 100 per channel)
+        ingest_committed.send(sender=None, changes=changes(n, tool_calls=1))
+    messages = await drain(communicator, 1.0)
+    assert 1 <= len(messages) <= 2
+    assert sorted(i for m in messages for i in m["conversation_ids"]) == list(range(1, 91))
+    assert sum(m["tool_calls"] for m in messages) == 90
+    await communicator.disconnect()
+
+
+async def test_merged_messages_cap_their_id_lists_and_say_so(session_cookie):
+    communicator = await connect("/ws/live/", session_cookie)
+    await communicator.receive_json_from()
+    await sync_to_async(ingest_committed.send)(sender=None, changes=changes(1))  # sent at once
+    await communicator.receive_json_from(timeout=2)
+    for first in (1000, 2000, 3000):  # pending while the interval runs: merged into one message
+        big = changes(0)
+        big["conversation_ids"] = list(range(first, first + 100))
+        ingest_committed.send(sender=None, changes=big)
+    (message,) = await drain(communicator, 1.0)
+    assert message["overflow"] is True and message["conversation_ids"] == [*range(1000, 1100), *range(2000, 2100)]
+    assert message["spans"] == 3
+    await communicator.disconnect()
+
+
+async def test_a_conversation_socket_hears_only_its_conversation(session_cookie):
+    demo = await sync_to_async(make_conversation)("conv-ws", rounds=1)
+    other = await sync_to_async(make_conversation)("conv-ws-other", rounds=1)
+    communicator = await connect(f"/ws/conversations/{demo.conversation.pk}/", session_cookie)
+    assert (await communicator.receive_json_from())["type"] == "hello"
+    await sync_to_async(ingest_committed.send)(sender=None, changes=changes(other.conversation.pk))
+    assert await communicator.receive_nothing(timeout=0.5)
+    await sync_to_async(ingest_committed.send)(
+        sender=None, changes=changes(demo.conversation.pk, round_id=demo.rounds[0].pk))
+    message = await communicator.receive_json_from(timeout=2)
+    assert message["round_ids"] == [demo.rounds[0].pk]
+    await communicator.disconnect()
+
+
+async def test_it_closes_a_socket_for_an_unknown_conversation_with_4404(session_cookie):
+    communicator = WebsocketCommunicator(application, "/ws/conversations/987654/", headers=[ORIGIN, session_cookie])
+    connected, _ = await communicator.connect()
+    assert connected
+    assert await communicator.receive_output() == {"type": "websocket.close", "code": CLOSE_NOT_FOUND}
+
+
+async def test_it_answers_a_ping(session_cookie):
+    communicator = await connect("/ws/live/", session_cookie)
+    await communicator.receive_json_from()
+    await communicator.send_json_to({"type": "ping"})
+    assert await communicator.receive_json_from() == {"type": "pong"}
+    await communicator.disconnect()
+
+
+async def test_a_socket_whose_session_ended_is_closed_at_its_next_ping(alice):
+    browser = Client()
+    await sync_to_async(browser.force_login)(alice)
+    cookie = (b"cookie", f"sessionid={browser.cookies['sessionid'].value}".encode())
+    communicator = await connect("/ws/live/", cookie)
+    await communicator.receive_json_from()
+    await communicator.send_json_to({"type": "ping"})
+    assert await communicator.receive_json_from() == {"type": "pong"}
+    await sync_to_async(browser.logout)()  # in another tab: the session is deleted
+    await communicator.send_json_to({"type": "ping"})
+    assert await communicator.receive_output() == {"type": "websocket.close", "code": CLOSE_UNAUTHENTICATED}

@@ -1,0 +1,68 @@
+"""POST /v1/logs with the real OpenTelemetry SDK log exporter: GenAI message events reach their spans."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+from opentelemetry.exporter.otlp.proto.http._log_exporter import OTLPLogExporter
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+from opentelemetry.sdk._logs import LoggerProvider
+from opentelemetry.sdk._logs.export import SimpleLogRecordProcessor
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+
+from pipeline.models import LLMCall, SpanLog
+from tests.otlp_support import JSON, auth, make_key, otlp_server, row_counts  # noqa: F401
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def test_sdk_log_events_fill_the_messages_of_their_chat_span(otlp_server):
+    key = make_key()
+    resource = Resource.create({"service.name": "events-agent"})
+    tracer_provider = TracerProvider(resource=resource)
+    tracer_provider.add_span_processor(SimpleSpanProcessor(
+        OTLPSpanExporter(endpoint=f"{otlp_server.url}/v1/traces", headers=auth(key))))
+    logger_provider = LoggerProvider(resource=resource)
+    logger_provider.add_log_record_processor(SimpleLogRecordProcessor(
+        OTLPLogExporter(endpoint=f"{otlp_server.url}/v1/logs", headers=auth(key))))
+    tracer, logger = tracer_provider.get_tracer("t"), logger_provider.get_logger("t")
+
+    with tracer.start_as_current_span("chat gpt-4o", attributes={
+        "gen_ai.operation.name": "chat", "gen_ai.request.model": "gpt-4o",
+        "gen_ai.usage.input_tokens": 12, "gen_ai.usage.output_tokens": 3,
+    }):
+        # the current GenAI event: the whole call's messages on one log record tied to the span
+        logger.emit(event_name="gen_ai.client.inference.operation.details", attributes={
+            "gen_ai.input.messages": json.dumps([{"role": "user", "parts": [{"type": "text", "content": "Hi?"}]}]),
+            "gen_ai.output.messages": json.dumps([{"role": "assistant", "parts": [{"type": "text", "content": "Hello."}],
+                                                   "finish_reason": "stop"}]),
+        })
+    logger_provider.shutdown()
+    tracer_provider.shutdown()
+
+    call = LLMCall.objects.get()
+    assert call.input_messages == [{"role": "user", "parts": [{"type": "text", "content": "Hi?"}]}]
+    assert call.output_messages[0]["parts"] == [{"type": "text", "content": "Hello."}]
+    assert call.finish_reason == "stop"
+    assert SpanLog.objects.get().span_id == call.span_id
+
+
+def test_logs_endpoint_answers_in_json_and_rejects_bad_ids(otlp_server):
+    body = {"resourceLogs": [{"scopeLogs": [{"logRecords": [
+        {"timeUnixNano": "1763800000000000000", "traceId": "5b8efff798038103d269b633813fc60c",
+         "spanId": "eee19b7ec3c1b174", "eventName": "gen_ai.user.message", "body": {"kvlistValue": {"values": [
+             {"key": "content", "value": {"stringValue": "Hi"}}]}}},
+        {"traceId": "W47/95gDgQPSabYzgT/GDA==", "spanId": "7uGbfsPBsXQ=", "eventName": "gen_ai.user.message"},
+    ]}]}]}
+    before = row_counts()
+    reply = httpx.post(f"{otlp_server.url}/v1/logs", content=json.dumps(body),
+                       headers={**auth(make_key()), "Content-Type": JSON})
+    assert (reply.status_code, reply.headers["content-type"]) == (200, JSON)
+    partial = reply.json()["partialSuccess"]
+    assert partial["rejectedLogRecords"] == "1" and "hex" in partial["errorMessage"]
+    assert row_counts() == before
+    assert SpanLog.objects.get().body == {"content": "Hi"}
