@@ -217,6 +217,36 @@ def test_the_conversation_detail_query_count_does_not_grow_with_its_size(api, dj
     assert len(big_queries.captured_queries) == len(small_queries.captured_queries)
 
 
+def test_a_long_conversation_gives_its_rounds_a_page_at_a_time(api):
+    conv = conversation("long")
+    Round.objects.bulk_create([Round(conversation=conv, key=f"r{i:03}", started_at=T0 + timedelta(seconds=i))
+                               for i in range(230)])
+
+    first = api.get(f"/api/conversations/{conv.id}/").json()
+    seen = [r["key"] for r in first["rounds"]]
+    reply = first
+    while reply["rounds_next"]:
+        reply = api.get(reply["rounds_next"]).json()
+        seen += [r["key"] for r in reply["rounds"]]
+    widest = api.get(f"/api/conversations/{conv.id}/?rounds_limit=500").json()
+
+    assert first["rounds_total"] == 230 and len(first["rounds"]) == 100
+    assert "rounds_offset=100" in first["rounds_next"]
+    assert seen == [f"r{i:03}" for i in range(230)]
+    assert reply["rounds_next"] is None
+    assert len(widest["rounds"]) == 230 and widest["rounds_next"] is None
+
+
+@pytest.mark.parametrize("query", ["rounds_limit=501", "rounds_limit=0", "rounds_offset=-1", "rounds_limit=many"])
+def test_a_round_page_out_of_bounds_is_a_field_error(api, query):
+    conv = conversation("c1")
+
+    reply = api.get(f"/api/conversations/{conv.id}/?{query}")
+
+    assert reply.status_code == 400
+    assert query.split("=")[0] in reply.json()
+
+
 def test_a_missing_conversation_is_a_json_404(api):
     reply = api.get("/api/conversations/999999/")
 

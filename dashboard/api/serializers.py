@@ -106,15 +106,30 @@ class ConversationTotalsSerializer(serializers.Serializer):
 
 
 class ConversationDetailSerializer(ConversationSerializer):
-    rounds = RoundSerializer(many=True, read_only=True)
+    """The conversation with one page of its rounds (the view puts the page in the context)."""
+
     totals = serializers.SerializerMethodField()
+    rounds_total = serializers.SerializerMethodField(help_text="How many rounds the conversation has.")
+    rounds_next = serializers.SerializerMethodField(help_text="The URL of the next page of rounds, or null.")
+    rounds = serializers.SerializerMethodField(help_text="Oldest first; at most rounds_limit of them.")
 
     class Meta(ConversationSerializer.Meta):
-        fields = [*ConversationSerializer.Meta.fields, "totals", "rounds"]
+        fields = [*ConversationSerializer.Meta.fields, "totals", "rounds_total", "rounds_next", "rounds"]
 
     @extend_schema_field(ConversationTotalsSerializer)
     def get_totals(self, conversation: Conversation) -> dict[str, int]:
         return self.context["totals"]
+
+    def get_rounds_total(self, conversation: Conversation) -> int:
+        return self.context["rounds_total"]
+
+    @extend_schema_field(serializers.URLField(allow_null=True))
+    def get_rounds_next(self, conversation: Conversation) -> str | None:
+        return self.context["rounds_next"]
+
+    @extend_schema_field(RoundSerializer(many=True))
+    def get_rounds(self, conversation: Conversation) -> list[dict[str, Any]]:
+        return RoundSerializer(self.context["rounds"], many=True, context=self.context).data
 
 
 class ArtifactSerializer(serializers.ModelSerializer):
@@ -162,6 +177,13 @@ class ConversationQuery(TimeRangeQuery):
     status = serializers.ChoiceField(choices=Status.choices, required=False)
     search = serializers.CharField(required=False, max_length=255,
                                    help_text="Part of the external id, title or agent name.")
+
+
+class RoundPageQuery(serializers.Serializer):
+    rounds_offset = serializers.IntegerField(required=False, default=0, min_value=0,
+                                             help_text="Skip this many rounds, oldest first.")
+    rounds_limit = serializers.IntegerField(required=False, default=100, min_value=1, max_value=500,
+                                            help_text="At most this many rounds (100 unless given, 500 at most).")
 
 
 class ToolStatsQuery(TimeRangeQuery):

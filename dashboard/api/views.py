@@ -15,6 +15,7 @@ from rest_framework.authentication import SessionAuthentication
 from rest_framework.pagination import LimitOffsetPagination
 from rest_framework.request import Request
 from rest_framework.response import Response
+from rest_framework.utils.urls import replace_query_param
 from rest_framework.views import APIView
 
 from dashboard.api import serializers as s
@@ -55,8 +56,9 @@ def in_range(qs: QuerySet, field: str, since: datetime | None, until: datetime |
 @extend_schema_view(
     list=extend_schema(parameters=[s.ConversationQuery], responses={200: s.ConversationSerializer, **READ_ERRORS},
                        summary="Conversations, newest activity first"),
-    retrieve=extend_schema(responses={200: s.ConversationDetailSerializer, 404: ERROR, **READ_ERRORS},
-                           summary="One conversation: its rounds with LLM calls and tool calls, and totals"),
+    retrieve=extend_schema(parameters=[s.RoundPageQuery],
+                           responses={200: s.ConversationDetailSerializer, 400: ERROR, 404: ERROR, **READ_ERRORS},
+                           summary="One conversation: a page of its rounds with LLM calls and tool calls, and totals"),
 )
 class ConversationViewSet(ReadApi, viewsets.ReadOnlyModelViewSet):
     pagination_class = ApiPagination
@@ -67,18 +69,7 @@ class ConversationViewSet(ReadApi, viewsets.ReadOnlyModelViewSet):
     def get_queryset(self) -> QuerySet[Conversation]:
         qs = Conversation.objects.order_by("-last_activity_at", "-id")
         if self.action == "retrieve":
-            return qs.prefetch_related(
-                Prefetch(
-                    "rounds",
-                    queryset=Round.objects.order_by("started_at", "id").prefetch_related(
-                        Prefetch("llm_calls", queryset=LLMCall.objects.order_by("started_at", "id")),
-                        Prefetch("tool_calls", queryset=ToolCall.objects.select_related("artifact")
-                                 .order_by("started_at", "id")),
-                        Prefetch("compressions", queryset=CompressionEvent.objects.order_by("occurred_at", "id")),
-                        "skill_activations",
-                    ),
-                )
-            )
+            return qs
         params = query_params(self.request, s.ConversationQuery)
         # A conversation is in [since, until) when it was active at some point inside it.
         if params.get("since"):
@@ -98,7 +89,21 @@ class ConversationViewSet(ReadApi, viewsets.ReadOnlyModelViewSet):
         return qs
 
     def retrieve(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        page = query_params(request, s.RoundPageQuery)
         conversation = self.get_object()
+        offset, limit = page["rounds_offset"], page["rounds_limit"]
+        rounds_total = conversation.rounds.count()
+        rounds = list(
+            Round.objects.filter(conversation=conversation).order_by("started_at", "id").prefetch_related(
+                Prefetch("llm_calls", queryset=LLMCall.objects.order_by("started_at", "id")),
+                Prefetch("tool_calls", queryset=ToolCall.objects.select_related("artifact").order_by("started_at", "id")),
+                Prefetch("compressions", queryset=CompressionEvent.objects.order_by("occurred_at", "id")),
+                "skill_activations",
+            )[offset:offset + limit]
+        )
+        rounds_next = None
+        if offset + limit < rounds_total:
+            rounds_next = replace_query_param(request.build_absolute_uri(), "rounds_offset", offset + limit)
         llm = LLMCall.objects.filter(conversation=conversation).aggregate(
             input_tokens=Sum("input_tokens"), output_tokens=Sum("output_tokens"), calls=Count("id"),
             errors=Count("id", filter=Q(status="error")),
@@ -113,7 +118,9 @@ class ConversationViewSet(ReadApi, viewsets.ReadOnlyModelViewSet):
             "tool_calls": tools["calls"],
             "errors": llm["errors"] + tools["errors"],
         }
-        serializer = self.get_serializer(conversation, context={**self.get_serializer_context(), "totals": totals})
+        context = {**self.get_serializer_context(), "totals": totals, "rounds": rounds,
+                   "rounds_total": rounds_total, "rounds_next": rounds_next}
+        serializer = self.get_serializer(conversation, context=context)
         return Response(serializer.data)
 
 
