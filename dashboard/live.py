@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import weakref
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Future
 from typing import Any, TypedDict
@@ -92,14 +93,20 @@ def merge_changes(older: LiveChanges, newer: LiveChanges) -> LiveChanges:
 
 
 async def send_changes(changes: LiveChanges, conversation_ids: list[int]) -> None:
-    """To the live group, and to the group of each of `conversation_ids` (all of them, uncapped)."""
+    """To the live group, and to the group of each of `conversation_ids` (all of them, uncapped).
+
+    Sends started on one loop go out one after another, in the order they were started (the
+    order of the commits): a Redis group_send awaits several round trips, and interleaved
+    sends would reach a consumer out of order.
+    """
     layer = get_channel_layer()
     if layer is None:
         return
     event = LiveEvent(type=EVENT_TYPE, changes=changes)
-    await layer.group_send(LIVE_GROUP, event)
-    for conversation_id in dict.fromkeys(conversation_ids):
-        await layer.group_send(conversation_group(conversation_id), event)
+    async with _send_lock():
+        await layer.group_send(LIVE_GROUP, event)
+        for conversation_id in dict.fromkeys(conversation_ids):
+            await layer.group_send(conversation_group(conversation_id), event)
 
 
 # Process state, not app state: the event loop this process serves ASGI connections on, and
@@ -107,6 +114,17 @@ async def send_changes(changes: LiveChanges, conversation_ids: list[int]) -> Non
 # references to running tasks).
 _serving: dict[str, asyncio.AbstractEventLoop] = {}
 _running: set[asyncio.Task | Future] = set()
+_send_locks: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock] = weakref.WeakKeyDictionary()
+
+
+def _send_lock() -> asyncio.Lock:
+    """One lock per event loop (an asyncio.Lock belongs to the loop it is first used on); it
+    wakes its waiters first come, first served."""
+    loop = asyncio.get_running_loop()
+    lock = _send_locks.get(loop)
+    if lock is None:
+        lock = _send_locks[loop] = asyncio.Lock()
+    return lock
 
 ASGIApp = Callable[[dict, Any, Any], Awaitable[None]]
 
