@@ -42,6 +42,12 @@ def parse_headers(text: str) -> dict[str, str]:
     return headers
 
 
+def parse_header_options(items: list[str]) -> dict[str, str]:
+    """Repeated `--header KEY=VALUE` options: one header each (a comma stays in its value), values
+    percent-decoded like OTEL_EXPORTER_OTLP_HEADERS (`Authorization=Bearer%20ctx_…`)."""
+    return {k: v for item in items for k, v in parse_headers(item.replace(",", "%2C")).items()}
+
+
 @dataclass(frozen=True)
 class ObservabilityConfig:
     sampling: str = "always"

@@ -158,7 +158,8 @@ def test_conversation_and_since_select_what_goes(live_daphne, second, capsys):
     assert [c["external_id"] for c in first["Conversation"]] == ["wanted"]
     assert len(first["Span"]) == span_count()
 
-    out = export("--endpoint", target.url, "--since", "2021-01-01", "--header", auth)
+    encoded = f"Authorization=Bearer%20{second.key()}"  # percent-encoded as in OTEL_EXPORTER_OTLP_HEADERS
+    out = export("--endpoint", target.url, "--since", "2021-01-01", "--header", encoded)
     assert f"exported {2 * span_count()} spans" in out  # the span from 2020 stays behind
     assert "old span" not in {s["name"] for s in second.snapshot()["Span"]}
 

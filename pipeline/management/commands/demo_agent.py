@@ -14,7 +14,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from pipeline.demo.scenario import run_demo
 from pipeline.telemetry import Telemetry
-from pipeline.tracing import ObservabilityConfig, parse_headers
+from pipeline.tracing import ObservabilityConfig, parse_header_options
 
 
 class Command(BaseCommand):
@@ -33,7 +33,7 @@ class Command(BaseCommand):
         if no_store and not otlp_endpoint:
             raise CommandError("--no-store needs --otlp-endpoint, or the spans go nowhere")
         try:
-            headers = {k: v for item in header for k, v in parse_headers(item.replace(",", "%2C")).items()}
+            headers = parse_header_options(header)
         except ValueError as exc:
             raise CommandError(f"--header: {exc}") from None
         config = ObservabilityConfig.from_settings(

@@ -19,13 +19,7 @@ from tqdm import tqdm
 from pipeline.export import spans_to_request
 from pipeline.export_job import Checkpoint, batches, after, find_conversation, parse_since, redact_url, select_spans
 from pipeline.otlp_client import PROTOCOLS, ExportError, OtlpClient
-
-
-def parse_header(raw: str) -> tuple[str, str]:
-    key, sep, value = raw.partition("=")
-    if not sep or not key.strip():
-        raise CommandError(f"--header takes KEY=VALUE, got {raw!r}")
-    return key.strip(), value.strip()
+from pipeline.tracing import parse_header_options
 
 
 class Command(BaseCommand):
@@ -64,7 +58,10 @@ class Command(BaseCommand):
             if conversation is None:
                 raise CommandError(f"no conversation {options['conversation']!r}")
             filters["conversation"] = conversation.external_id
-        headers = dict(parse_header(raw) for raw in options["header"])  # type: ignore[union-attr]
+        try:
+            headers = parse_header_options(options["header"])  # type: ignore[arg-type]
+        except ValueError as exc:
+            raise CommandError(f"--header takes KEY=VALUE: {exc}") from None
         try:
             client = OtlpClient(
                 endpoint, protocol=str(options["protocol"]), headers=headers, timeout=float(options["timeout"]),
