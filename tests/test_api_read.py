@@ -225,19 +225,22 @@ def test_a_long_conversation_gives_its_rounds_a_page_at_a_time(api):
     first = api.get(f"/api/conversations/{conv.id}/").json()
     seen = [r["key"] for r in first["rounds"]]
     reply = first
-    while reply["rounds_next"]:
+    for _ in range(2):
         reply = api.get(reply["rounds_next"]).json()
         seen += [r["key"] for r in reply["rounds"]]
     widest = api.get(f"/api/conversations/{conv.id}/?rounds_limit=500").json()
+    past_the_end = api.get(f"/api/conversations/{conv.id}/?rounds_offset={2**31 - 1}").json()
 
     assert first["rounds_total"] == 230 and len(first["rounds"]) == 100
     assert "rounds_offset=100" in first["rounds_next"]
     assert seen == [f"r{i:03}" for i in range(230)]
     assert reply["rounds_next"] is None
     assert len(widest["rounds"]) == 230 and widest["rounds_next"] is None
+    assert past_the_end["rounds"] == [] and past_the_end["rounds_total"] == 230
 
 
-@pytest.mark.parametrize("query", ["rounds_limit=501", "rounds_limit=0", "rounds_offset=-1", "rounds_limit=many"])
+@pytest.mark.parametrize("query", ["rounds_limit=501", "rounds_limit=0", "rounds_offset=-1", "rounds_limit=many",
+                                   f"rounds_offset={2**63}"])
 def test_a_round_page_out_of_bounds_is_a_field_error(api, query):
     conv = conversation("c1")
 

@@ -93,14 +93,17 @@ class ConversationViewSet(ReadApi, viewsets.ReadOnlyModelViewSet):
         conversation = self.get_object()
         offset, limit = page["rounds_offset"], page["rounds_limit"]
         rounds_total = conversation.rounds.count()
-        rounds = list(
-            Round.objects.filter(conversation=conversation).order_by("started_at", "id").prefetch_related(
-                Prefetch("llm_calls", queryset=LLMCall.objects.order_by("started_at", "id")),
-                Prefetch("tool_calls", queryset=ToolCall.objects.select_related("artifact").order_by("started_at", "id")),
-                Prefetch("compressions", queryset=CompressionEvent.objects.order_by("occurred_at", "id")),
-                "skill_activations",
-            )[offset:offset + limit]
-        )
+        rounds = []
+        if offset < rounds_total:  # past the end there is nothing to fetch
+            rounds = list(
+                Round.objects.filter(conversation=conversation).order_by("started_at", "id").prefetch_related(
+                    Prefetch("llm_calls", queryset=LLMCall.objects.order_by("started_at", "id")),
+                    Prefetch("tool_calls",
+                             queryset=ToolCall.objects.select_related("artifact").order_by("started_at", "id")),
+                    Prefetch("compressions", queryset=CompressionEvent.objects.order_by("occurred_at", "id")),
+                    "skill_activations",
+                )[offset:offset + limit]
+            )
         rounds_next = None
         if offset + limit < rounds_total:
             rounds_next = replace_query_param(request.build_absolute_uri(), "rounds_offset", offset + limit)
