@@ -44,8 +44,15 @@ def parse_headers(text: str) -> dict[str, str]:
 
 def parse_header_options(items: list[str]) -> dict[str, str]:
     """Repeated `--header KEY=VALUE` options: one header each (a comma stays in its value), values
-    percent-decoded like OTEL_EXPORTER_OTLP_HEADERS (`Authorization=Bearer%20ctx_…`)."""
-    return {k: v for item in items for k, v in parse_headers(item.replace(",", "%2C")).items()}
+    percent-decoded like OTEL_EXPORTER_OTLP_HEADERS (`Authorization=Bearer%20ctx_…`; a literal %
+    is %25)."""
+    headers: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"{item!r} is not KEY=VALUE")
+        headers[key.strip()] = unquote(value.strip())
+    return headers
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,8 @@ class Command(BaseCommand):
         parser.add_argument("--otlp-endpoint", default="", help="Also export spans over OTLP/HTTP to this URL.")
         parser.add_argument(
             "--header", action="append", default=[], metavar="KEY=VALUE",
-            help="A header for the OTLP endpoint, e.g. 'Authorization=Bearer ctx_...'; repeatable.",
+            help="A header for the OTLP endpoint, e.g. 'Authorization=Bearer ctx_...', value percent-decoded "
+                 "(a literal %% is %%25); repeatable.",
         )
         parser.add_argument("--no-store", action="store_true", help="Do not write spans to this ctxlens's database.")
         parser.add_argument("--seed", type=int, default=7, help="Seed of the made-up sales data.")

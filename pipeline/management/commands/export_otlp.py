@@ -30,7 +30,8 @@ class Command(BaseCommand):
         parser.add_argument("--since", help="only spans that started since: 1h, 7d, 30m, 2w or an ISO date/datetime")
         parser.add_argument("--conversation", help="only this conversation (external id or numeric id)")
         parser.add_argument("--header", action="append", default=[], metavar="KEY=VALUE",
-                            help="extra request header / gRPC metadata; repeat for several")
+                            help="extra request header / gRPC metadata, value percent-decoded "
+                                 "(Bearer%%20ctx_…); repeat for several")
         parser.add_argument("--protocol", choices=PROTOCOLS, default="http/protobuf")
         parser.add_argument("--batch", type=int, default=500, help="spans per request (default 500)")
         parser.add_argument("--timeout", type=float, default=30.0, help="seconds per request")
@@ -61,7 +62,7 @@ class Command(BaseCommand):
         try:
             headers = parse_header_options(options["header"])  # type: ignore[arg-type]
         except ValueError as exc:
-            raise CommandError(f"--header takes KEY=VALUE: {exc}") from None
+            raise CommandError(f"--header {exc}") from None
         try:
             client = OtlpClient(
                 endpoint, protocol=str(options["protocol"]), headers=headers, timeout=float(options["timeout"]),
