@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import weakref
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Future
 from typing import Any, TypedDict
@@ -34,6 +33,7 @@ EVENT_TYPE = "live.changes"  # handled by ChangesConsumer.live_changes
 # A merged message names at most this many ids of a kind; past that it says "overflow" and
 # the page refreshes everything it shows instead of the named rows.
 MAX_IDS = 200
+SEND_TIMEOUT_S = 10.0
 
 _ID_KEYS = ("conversation_ids", "new_conversation_ids", "round_ids", "compression_ids")
 _COUNT_KEYS = ("llm_calls", "tool_calls", "input_tokens", "output_tokens", "spans")
@@ -95,36 +95,41 @@ def merge_changes(older: LiveChanges, newer: LiveChanges) -> LiveChanges:
 async def send_changes(changes: LiveChanges, conversation_ids: list[int]) -> None:
     """To the live group, and to the group of each of `conversation_ids` (all of them, uncapped).
 
-    Sends started on one loop go out one after another, in the order they were started (the
-    order of the commits): a Redis group_send awaits several round trips, and interleaved
-    sends would reach a consumer out of order.
+    Sends started on one event loop go out one after another, in the order they were started
+    (the order of this process's commits): a Redis group_send awaits several round trips, and
+    interleaved sends would reach a consumer out of order. A send that takes longer than
+    SEND_TIMEOUT_S is given up (and logged), so a stuck channel layer does not hold up the
+    sends behind it for good.
     """
     layer = get_channel_layer()
     if layer is None:
         return
     event = LiveEvent(type=EVENT_TYPE, changes=changes)
-    async with _send_lock():
+    async with _send_lock(), asyncio.timeout(SEND_TIMEOUT_S):
         await layer.group_send(LIVE_GROUP, event)
         for conversation_id in dict.fromkeys(conversation_ids):
             await layer.group_send(conversation_group(conversation_id), event)
 
 
-# Process state, not app state: the event loop this process serves ASGI connections on, and
-# the sends started on it, kept referenced until they finish (asyncio holds only weak
-# references to running tasks).
+# Process state, not app state: the event loop this process serves ASGI connections on, the
+# sends started on it, kept referenced until they finish (asyncio holds only weak references
+# to running tasks), and the lock that orders them, one per loop.
 _serving: dict[str, asyncio.AbstractEventLoop] = {}
 _running: set[asyncio.Task | Future] = set()
-_send_locks: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock] = weakref.WeakKeyDictionary()
+_send_locks: dict[asyncio.AbstractEventLoop, asyncio.Lock] = {}
 
 
 def _send_lock() -> asyncio.Lock:
-    """One lock per event loop (an asyncio.Lock belongs to the loop it is first used on); it
-    wakes its waiters first come, first served."""
+    """The running loop's lock (an asyncio.Lock belongs to the loop it is first used on); it
+    wakes its waiters first come, first served. Locks of closed loops are dropped."""
     loop = asyncio.get_running_loop()
     lock = _send_locks.get(loop)
     if lock is None:
+        for closed in [other for other in _send_locks if other.is_closed()]:
+            del _send_locks[closed]
         lock = _send_locks[loop] = asyncio.Lock()
     return lock
+
 
 ASGIApp = Callable[[dict, Any, Any], Awaitable[None]]
 
