@@ -61,7 +61,7 @@ def _count_llm_call(call: LLMCall) -> tuple[int, int]:
 
 
 def complete_some() -> bool:
-    """Fill one chunk of pending token counts; True when there were rows to do.
+    """Fill one chunk of pending token counts; True when a chunk was full (there may be more).
 
     Tokenising happens before the transaction; the transaction only writes the results, with
     the conversations locked first like an ingest transaction, so the two never deadlock.
@@ -95,7 +95,7 @@ def complete_some() -> bool:
         changes.update(round_ids=sorted(rounds), conversation_ids=sorted(conversations),
                        input_tokens=added_in, output_tokens=added_out)
         transaction.on_commit(lambda: ingest_committed.send_robust(sender=complete_some, changes=changes))
-    return True
+    return len(calls) == CHUNK or len(tools) == CHUNK
 
 
 def complete_pending() -> None:
