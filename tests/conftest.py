@@ -155,3 +155,24 @@ def daphne_factory(transactional_db, tmp_path) -> Iterator[Callable[..., LiveSer
 def live_daphne(daphne_factory, artifact_dir) -> LiveServer:
     """One daphne process serving the whole app on the test database."""
     return daphne_factory({"CTXLENS_ARTIFACT_DIR": str(artifact_dir)})
+
+
+@pytest.fixture(scope="module")
+def otlp_daphne(django_db_setup, django_db_blocker, tmp_path_factory) -> Iterator[LiveServer]:
+    """A real daphne on the test database, shared by the tests of one module (start-up is slow)."""
+    tmp = tmp_path_factory.mktemp("otlp-server")
+    with django_db_blocker.unblock():
+        server = start_daphne(tmp, {"CTXLENS_ARTIFACT_DIR": str(tmp / "artifacts")})
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def otlp_server(otlp_daphne, transactional_db) -> Iterator[LiveServer]:
+    """The module's daphne, for one test. What the server writes is visible to the test, and every
+    table is emptied after it, once the server has finished the token counts it fills in after
+    its replies (emptying the tables while it writes them deadlocks on PostgreSQL)."""
+    yield otlp_daphne
+    from tests.otlp_support import wait_for_deferred_tokens
+
+    wait_for_deferred_tokens()

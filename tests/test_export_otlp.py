@@ -20,9 +20,10 @@ from opentelemetry.sdk.trace.export import SpanExportResult
 
 from pipeline.ingest.records import SpanRecord
 from pipeline.ingest.store import store_spans
-from pipeline.models import ApiKey, LLMCall, Span, ToolCall
+from pipeline.models import ApiKey, Span
 from tests.agent_traces import record_turns, span_count
 from tests.otlp_servers import migrated_template, second_ctxlens
+from tests.otlp_support import wait_for_deferred_tokens
 from tests.snapshot import snapshot
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -69,13 +70,9 @@ def ingest_here(live_daphne, conversation: str, turns: int = 2) -> None:
     assert exporter.export(record_turns(conversation, turns=turns)) == SpanExportResult.SUCCESS
 
 
-def settled(read, seconds: float = 30) -> dict:
+def settled(read) -> dict:
     """Token counts that ingest does not need for its reply are filled in after it; wait for them."""
-    deadline = time.monotonic() + seconds
-    while LLMCall.objects.filter(tokens_pending=True).exists() or ToolCall.objects.filter(tokens_pending=True).exists():
-        if time.monotonic() > deadline:
-            raise AssertionError("token counts still pending after 30 s")
-        time.sleep(0.2)
+    wait_for_deferred_tokens()
     return read()
 
 

@@ -170,7 +170,11 @@ def test_rest_ingest_on_a_full_artifact_disk_answers_503_and_stores_nothing(smal
 
 
 def pg_restart_command() -> list[str] | None:
+    """The local cluster on DATABASE_URL's port; None when the database is on another host."""
     if connection.vendor != "postgresql":
+        return None
+    host = connection.settings_dict.get("HOST") or "localhost"
+    if host not in ("localhost", "127.0.0.1", "::1") and not host.startswith("/"):  # "/…": a local socket
         return None
     clusters = subprocess.run(["pg_lsclusters", "-h"], capture_output=True, text=True) if shutil.which(
         "pg_lsclusters") else None
@@ -189,7 +193,7 @@ def drop_dead_connections() -> None:
     the thread async tests run their ORM calls on. Channels' test communicator turns off the
     close_old_connections() that, in a server, replaces a dead connection at the next use."""
     connections.close_all()
-    SyncToAsync.single_thread_executor.submit(connections.close_all).result()
+    SyncToAsync.single_thread_executor.submit(connections.close_all).result(timeout=30)
 
 
 def test_a_postgresql_restart_under_load_loses_and_duplicates_nothing(daphne_factory, artifact_dir):

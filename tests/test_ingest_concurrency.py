@@ -13,7 +13,7 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 from opentelemetry.proto.trace.v1 import trace_pb2
 
 from pipeline.models import Conversation, LLMCall, Round, Span, ToolCall
-from tests.otlp_support import PROTOBUF, auth, make_key, otlp_daphne, otlp_server  # noqa: F401
+from tests.otlp_support import PROTOBUF, auth, make_key
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -17,7 +17,7 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 
 from pipeline.models import ApiKey, Span
 from pipeline.models.apikeys import Scope
-from tests.otlp_support import JSON, PROTOBUF, auth, make_key, otlp_daphne, otlp_server, row_counts  # noqa: F401
+from tests.otlp_support import JSON, PROTOBUF, auth, make_key, row_counts
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -17,7 +17,7 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcess
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from pipeline.models import Conversation, LLMCall, Round, Span, ToolCall
-from tests.otlp_support import JSON, PROTOBUF, auth, make_key, otlp_daphne, otlp_server, row_counts  # noqa: F401
+from tests.otlp_support import JSON, PROTOBUF, auth, make_key, row_counts
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -23,7 +23,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
 from pipeline.models import Conversation, LLMCall, Round, ToolCall
-from tests.otlp_support import auth, make_key, otlp_daphne, otlp_server  # noqa: F401
+from tests.otlp_support import auth, make_key
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

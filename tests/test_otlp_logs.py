@@ -15,7 +15,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
 from pipeline.models import LLMCall, SpanLog
-from tests.otlp_support import JSON, auth, make_key, otlp_daphne, otlp_server, row_counts  # noqa: F401
+from tests.otlp_support import JSON, auth, make_key, row_counts
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
