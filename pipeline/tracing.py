@@ -31,28 +31,23 @@ SCOPE_VERSION = "1.0.0"
 SAMPLING_RATES = {"always": 1.0, "high": 0.5, "medium": 0.1, "low": 0.01, "never": 0.0}
 
 
+def _header(item: str) -> tuple[str, str]:
+    """`key=value` → (key, value), the value percent-decoded (a literal % is %25)."""
+    key, sep, value = item.partition("=")
+    if not sep or not key.strip():
+        raise ValueError(f"{item!r} is not key=value")
+    return key.strip(), unquote(value.strip())
+
+
 def parse_headers(text: str) -> dict[str, str]:
     """`k1=v1,k2=v2` (OTEL_EXPORTER_OTLP_HEADERS format, values percent-decoded) → dict."""
-    headers: dict[str, str] = {}
-    for item in filter(None, (part.strip() for part in (text or "").split(","))):
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            raise ValueError("OTLP headers must look like 'key=value,key2=value2'")
-        headers[key.strip()] = unquote(value.strip())
-    return headers
+    return dict(_header(item) for item in filter(None, (part.strip() for part in (text or "").split(","))))
 
 
 def parse_header_options(items: list[str]) -> dict[str, str]:
     """Repeated `--header KEY=VALUE` options: one header each (a comma stays in its value), values
-    percent-decoded like OTEL_EXPORTER_OTLP_HEADERS (`Authorization=Bearer%20ctx_…`; a literal %
-    is %25)."""
-    headers: dict[str, str] = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            raise ValueError(f"{item!r} is not KEY=VALUE")
-        headers[key.strip()] = unquote(value.strip())
-    return headers
+    percent-decoded like OTEL_EXPORTER_OTLP_HEADERS (`Authorization=Bearer%20ctx_…`)."""
+    return dict(_header(item) for item in items)
 
 
 @dataclass(frozen=True)

@@ -15,13 +15,12 @@ from rest_framework.authentication import SessionAuthentication
 from rest_framework.pagination import LimitOffsetPagination
 from rest_framework.request import Request
 from rest_framework.response import Response
-from rest_framework.utils.urls import replace_query_param
 from rest_framework.views import APIView
 
 from dashboard.api import serializers as s
 from dashboard.api.authentication import BearerKeyAuthentication, ReadAccess
 from pipeline.artifacts import ArtifactError, open_artifact
-from pipeline.models import Artifact, CompressionEvent, Conversation, LLMCall, Round, ToolCall
+from pipeline.models import Artifact, CompressionEvent, Conversation, LLMCall, ToolCall
 from pipeline.stats import tool_calls_in, tool_stats
 
 ERROR = OpenApiResponse(description="JSON `{\"detail\": ...}`")
@@ -31,6 +30,15 @@ READ_ERRORS = {401: ERROR, 403: ERROR}
 class ApiPagination(LimitOffsetPagination):
     default_limit = 50
     max_limit = 500
+
+
+class RoundPagination(LimitOffsetPagination):
+    """The rounds of one conversation's detail, oldest first (RoundPageQuery validates the values)."""
+
+    default_limit = 100
+    max_limit = 500
+    limit_query_param = "rounds_limit"
+    offset_query_param = "rounds_offset"
 
 
 class ReadApi:
@@ -89,24 +97,18 @@ class ConversationViewSet(ReadApi, viewsets.ReadOnlyModelViewSet):
         return qs
 
     def retrieve(self, request: Request, *args: Any, **kwargs: Any) -> Response:
-        page = query_params(request, s.RoundPageQuery)
+        query_params(request, s.RoundPageQuery)  # out-of-range values are a 400, not clamped
         conversation = self.get_object()
-        offset, limit = page["rounds_offset"], page["rounds_limit"]
-        rounds_total = conversation.rounds.count()
-        rounds = []
-        if offset < rounds_total:  # past the end there is nothing to fetch
-            rounds = list(
-                Round.objects.filter(conversation=conversation).order_by("started_at", "id").prefetch_related(
-                    Prefetch("llm_calls", queryset=LLMCall.objects.order_by("started_at", "id")),
-                    Prefetch("tool_calls",
-                             queryset=ToolCall.objects.select_related("artifact").order_by("started_at", "id")),
-                    Prefetch("compressions", queryset=CompressionEvent.objects.order_by("occurred_at", "id")),
-                    "skill_activations",
-                )[offset:offset + limit]
-            )
-        rounds_next = None
-        if offset + limit < rounds_total:
-            rounds_next = replace_query_param(request.build_absolute_uri(), "rounds_offset", offset + limit)
+        page = RoundPagination()
+        rounds = page.paginate_queryset(
+            conversation.rounds.order_by("started_at", "id").prefetch_related(
+                Prefetch("llm_calls", queryset=LLMCall.objects.order_by("started_at", "id")),
+                Prefetch("tool_calls", queryset=ToolCall.objects.select_related("artifact").order_by("started_at", "id")),
+                Prefetch("compressions", queryset=CompressionEvent.objects.order_by("occurred_at", "id")),
+                "skill_activations",
+            ),
+            request, view=self,
+        )
         llm = LLMCall.objects.filter(conversation=conversation).aggregate(
             input_tokens=Sum("input_tokens"), output_tokens=Sum("output_tokens"), calls=Count("id"),
             errors=Count("id", filter=Q(status="error")),
@@ -122,7 +124,7 @@ class ConversationViewSet(ReadApi, viewsets.ReadOnlyModelViewSet):
             "errors": llm["errors"] + tools["errors"],
         }
         context = {**self.get_serializer_context(), "totals": totals, "rounds": rounds,
-                   "rounds_total": rounds_total, "rounds_next": rounds_next}
+                   "rounds_total": page.count, "rounds_next": page.get_next_link()}
         serializer = self.get_serializer(conversation, context=context)
         return Response(serializer.data)
 

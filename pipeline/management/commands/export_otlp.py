@@ -62,7 +62,7 @@ class Command(BaseCommand):
         try:
             headers = parse_header_options(options["header"])  # type: ignore[arg-type]
         except ValueError as exc:
-            raise CommandError(f"--header {exc}") from None
+            raise CommandError(f"--header takes KEY=VALUE: {exc}") from None
         try:
             client = OtlpClient(
                 endpoint, protocol=str(options["protocol"]), headers=headers, timeout=float(options["timeout"]),
