@@ -1,6 +1,7 @@
 """`manage.py demo_agent`: run the demo conversations through the real pipeline and record them.
 
-Spans go in-process to ctxlens's store by default; `--otlp-endpoint URL [--header K=V ...]`
+The agent runs with the server's adapters (its cache, its artifact store). Spans go in-process
+to ctxlens's store by default; `--otlp-endpoint URL [--header K=V ...]`
 also sends them over OTLP/HTTP (to this or any other ctxlens, or any OTLP backend), and
 `--no-store` sends them only there.
 """
@@ -12,9 +13,10 @@ import time
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from pipeline.demo.scenario import run_demo
-from pipeline.telemetry import Telemetry
-from pipeline.tracing import ObservabilityConfig, parse_header_options
+from pipeline.adapters import in_process_telemetry, tool_adapters
+from pipeline.runtime.demo.scenario import run_demo
+from pipeline.runtime.telemetry.config import ObservabilityConfig, parse_header_options
+from pipeline.runtime.telemetry.spans import Telemetry
 
 
 class Command(BaseCommand):
@@ -39,18 +41,17 @@ class Command(BaseCommand):
             raise CommandError(f"--header: {exc}") from None
         config = ObservabilityConfig.from_settings(
             sampling="always",  # a demo that samples itself away shows nothing
-            in_process=not no_store,
             otlp_endpoint=otlp_endpoint,
             otlp_headers=headers or ObservabilityConfig.from_settings().otlp_headers,
         )
-        telemetry = Telemetry.from_config(config)
+        telemetry = Telemetry.from_config(config) if no_store else in_process_telemetry(config)
         started = time.monotonic()
-        tool_logger = logging.getLogger("pipeline.tools")
+        tool_logger = logging.getLogger("pipeline.runtime.executor")
         level = tool_logger.level
         tool_logger.setLevel(logging.WARNING)  # the demo's retries are on purpose
         try:
             report = run_demo(
-                telemetry, seed=seed,
+                telemetry, seed=seed, **tool_adapters(),
                 on_round=lambda title, r: self.stdout.write(
                     f"  {title}: round {r.index + 1} {r.status}, {r.llm_calls} model calls, "
                     f"{len(r.tool_results)} tool calls"

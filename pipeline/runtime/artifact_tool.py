@@ -1,0 +1,44 @@
+"""The model's side of the artifact sandbox: a LangChain tool that reads an artifact by id.
+
+    store = LocalArtifactStore()          # or the server's store
+    executor = ToolExecutor([query_sales, read_artifact_tool(store, max_chars=8000)], artifact_store=store)
+"""
+
+from __future__ import annotations
+
+from langchain_core.tools import StructuredTool
+
+from pipeline.runtime.artifacts import ArtifactNotFound, ArtifactStore, InvalidArtifactId, LocalArtifactStore
+from pipeline.runtime.protocol import ToolError, ToolErrorType
+
+
+def read_artifact_tool(store: ArtifactStore | None = None, *, max_chars: int = 20_000) -> StructuredTool:
+    """A tool that lets the model read an artifact of `store` by id, a window of characters at a time.
+
+    `store` is the one the executor keeps artifacts in (default: a LocalArtifactStore). Its
+    results are never stored as artifacts again (metadata ctxlens_store_artifacts=False).
+    """
+    artifacts = store if store is not None else LocalArtifactStore()
+
+    def read_artifact_window(artifact_id: str, offset: int = 0, limit: int = max_chars) -> str:
+        """Read part of a stored artifact. artifact_id comes from an earlier observation."""
+        try:
+            content = artifacts.read(artifact_id.strip())
+        except InvalidArtifactId as exc:
+            raise ToolError(ToolErrorType.INVALID_INPUT, str(exc)) from None
+        except ArtifactNotFound as exc:
+            raise ToolError(ToolErrorType.NOT_FOUND, str(exc)) from None
+        text = content.text
+        start = max(0, offset)
+        end = min(len(text), start + max(1, min(limit, max_chars)))
+        header = f"{content.artifact_id} characters {start}-{end} of {len(text)} ({content.mime})"
+        more = f"\n[{len(text) - end} more characters: call again with offset={end}]" if end < len(text) else ""
+        return f"{header}\n\n{text[start:end]}{more}"
+
+    return StructuredTool.from_function(
+        read_artifact_window,
+        name="read_artifact",
+        description="Read a stored artifact (a large earlier tool result) by its artifact_id, "
+        f"up to {max_chars} characters from offset.",
+        metadata={"ctxlens_store_artifacts": False},
+    )

@@ -1,0 +1,336 @@
+"""Synchronous tool execution: permission, input limit, cache, deadline, retries, artifacts.
+
+    executor = ToolExecutor([query_sales, web_search])          # or cache=, artifact_store=, on_worker_exit=
+    for call in ai_message.tool_calls:
+        result = executor.execute(executor.request_for(call), context=ExecutionContext(...))
+        messages.append(result.to_tool_message())
+
+`execute` never raises for a tool's failure: every outcome is a ToolExecutionResult (a
+timeout, a refused call and a crash included). Tools are LangChain BaseTools (StructuredTool,
+@tool) or plain callables taking keyword arguments. Per-tool defaults may sit in a BaseTool's
+`metadata`: `ctxlens_cache_policy` ("ttl_short" …), `ctxlens_version`, `ctxlens_timeout_ms`,
+`ctxlens_store_artifacts` (False for tools whose results must never become artifacts).
+
+Deadlines: a tool with a timeout runs in a fresh daemon thread that the caller waits on. A
+Python thread cannot be killed, so a tool that overruns keeps running in the background
+until it returns on its own; its late result is discarded. Give tools their own I/O timeouts.
+Pass `timeout_ms=None` to run a tool inline.
+
+Adapters (plain Python by default; a server passes its own):
+- `cache`: where results of cacheable calls are kept (pipeline.runtime.cache.Cache; default
+  an InMemoryCache of this executor's own).
+- `artifact_store`: where large results go (pipeline.runtime.artifacts.ArtifactStore; default
+  a LocalArtifactStore in `runtime_settings().artifact_dir`).
+- `on_worker_exit`: called in the deadline worker thread as it ends, whatever the tool did. A
+  thread-bound resource the tool or an adapter opened in that thread (a database connection,
+  say) is released there; the server passes the closing of its connections. The hook sits in
+  the executor rather than in each adapter because the tool itself may open such resources too.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import hashlib
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from langchain_core.tools import BaseTool
+
+from pipeline.runtime.artifacts import ArtifactStorageError, ArtifactStore, LocalArtifactStore, redact_paths
+from pipeline.runtime.cache import Cache, InMemoryCache
+from pipeline.runtime.observations import (
+    OutputLevel,
+    effective_level,
+    format_artifact_observation,
+    format_observation,
+    summarize,
+    to_text,
+)
+from pipeline.runtime.protocol import (
+    CachePolicy,
+    ExecutionContext,
+    ToolExecutionResult,
+    ToolErrorType,
+    ToolInvocationRequest,
+    classify_exception,
+)
+from pipeline.runtime.settings import runtime_settings
+from pipeline.tokens.counting import count_tokens
+
+logger = logging.getLogger(__name__)
+
+CACHE_PREFIX = "ctxlens:tool-result"
+MAX_COUNTED_ARTIFACT_BYTES = 4 * 1024 * 1024  # artifact token counts above this are left blank
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Retry retryable failures with exponential backoff and a growing deadline.
+
+    Defaults: 3 retries; waits 1 s, 1.5 s, 2.25 s … capped at 10 s; each retry's timeout is
+    twice the previous one, capped at 300 s.
+    """
+
+    max_retries: int = 3
+    initial_delay_s: float = 1.0
+    backoff_multiplier: float = 1.5
+    max_delay_s: float = 10.0
+    timeout_multiplier: float = 2.0
+    max_timeout_ms: int = 300_000
+
+    def should_retry(self, error_type: ToolErrorType, retries_done: int) -> bool:
+        return error_type.is_retryable and retries_done < self.max_retries
+
+    def delay_s(self, retries_done: int) -> float:
+        """Seconds to wait before retry number `retries_done + 1`."""
+        return min(self.initial_delay_s * self.backoff_multiplier**retries_done, self.max_delay_s)
+
+    def timeout_ms(self, base_ms: int, retries_done: int) -> int:
+        """The deadline of the attempt after `retries_done` retries."""
+        return int(min(base_ms * self.timeout_multiplier**retries_done, max(base_ms, self.max_timeout_ms)))
+
+
+NO_RETRY = RetryPolicy(max_retries=0)
+
+
+class DeadlineExceeded(TimeoutError):
+    def __init__(self, timeout_ms: int) -> None:
+        super().__init__(f"Tool execution timed out after {timeout_ms} ms")
+        self.timeout_ms = timeout_ms
+
+
+def run_with_deadline(
+    func: Callable[[], Any], timeout_ms: int | None, *, on_exit: Callable[[], None] | None = None
+) -> Any:
+    """Call `func` in a daemon worker thread and wait at most `timeout_ms`.
+
+    Raises DeadlineExceeded when the deadline passes (the thread keeps running: threads
+    cannot be killed), or whatever `func` raised. The caller's contextvars (e.g. the current
+    OpenTelemetry span) are visible inside. `on_exit` runs in the worker as it ends (it
+    releases what `func` bound to that thread). `timeout_ms=None` calls `func` inline, and
+    `on_exit` is not called: the caller's thread keeps its resources.
+    """
+    if timeout_ms is None:
+        return func()
+    outcome: dict[str, Any] = {}
+    done = threading.Event()
+    context = contextvars.copy_context()
+
+    def worker() -> None:
+        try:
+            outcome["value"] = context.run(func)
+        except BaseException as exc:  # handed to the caller
+            outcome["error"] = exc
+        finally:
+            try:
+                if on_exit is not None:
+                    on_exit()
+            except Exception:
+                logger.warning("the tool worker's exit hook failed", exc_info=True)
+            done.set()
+
+    threading.Thread(target=worker, name="ctxlens-tool", daemon=True).start()
+    if not done.wait(timeout_ms / 1000):
+        raise DeadlineExceeded(timeout_ms)
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]
+
+
+def _tool_name(tool: BaseTool | Callable[..., Any]) -> str:
+    return tool.name if isinstance(tool, BaseTool) else getattr(tool, "__name__", repr(tool))
+
+
+def _metadata(tool: BaseTool | Callable[..., Any]) -> Mapping[str, Any]:
+    return (tool.metadata or {}) if isinstance(tool, BaseTool) else getattr(tool, "ctxlens_metadata", {})
+
+
+class ToolExecutor:
+    """Runs the tools of one agent. Holds no mutable state; safe to share between threads."""
+
+    def __init__(
+        self,
+        tools: Iterable[BaseTool | Callable[..., Any]],
+        *,
+        retry_policy: RetryPolicy = RetryPolicy(),
+        sleep: Callable[[float], None] = time.sleep,
+        cache: Cache | None = None,
+        artifact_store: ArtifactStore | None = None,
+        on_worker_exit: Callable[[], None] | None = None,
+        model: str | None = None,
+    ) -> None:
+        self._tools = {_tool_name(tool): tool for tool in tools}
+        self.retry_policy = retry_policy
+        self._sleep = sleep
+        self.cache: Cache = InMemoryCache() if cache is None else cache
+        self.artifact_store: ArtifactStore = LocalArtifactStore() if artifact_store is None else artifact_store
+        self.on_worker_exit = on_worker_exit
+        self.model = model
+
+    @property
+    def tool_names(self) -> list[str]:
+        return sorted(self._tools)
+
+    def request_for(self, tool_call: Mapping[str, Any], **options: Any) -> ToolInvocationRequest:
+        """A request for `AIMessage.tool_calls[i]`, with the tool's metadata defaults under `options`."""
+        meta = _metadata(self._tools.get(str(tool_call.get("name")), lambda: None))
+        defaults: dict[str, Any] = {}
+        if "ctxlens_cache_policy" in meta:
+            defaults["cache_policy"] = CachePolicy(meta["ctxlens_cache_policy"])
+        if "ctxlens_version" in meta:
+            defaults["tool_version"] = str(meta["ctxlens_version"])
+        if "ctxlens_timeout_ms" in meta:
+            defaults["timeout_ms"] = meta["ctxlens_timeout_ms"]
+        return ToolInvocationRequest.from_tool_call(tool_call, **{**defaults, **options})
+
+    def execute_tool_call(
+        self, tool_call: Mapping[str, Any], *, context: ExecutionContext | None = None, **options: Any
+    ) -> ToolExecutionResult:
+        """`execute(request_for(tool_call, **options))`; raises MissingToolCallId for a call without id."""
+        return self.execute(self.request_for(tool_call, **options), context=context)
+
+    def execute(self, request: ToolInvocationRequest, *, context: ExecutionContext | None = None) -> ToolExecutionResult:
+        """Run one tool call to a result; never raises for the tool's own failures."""
+        started = time.perf_counter()
+        ctx = context or ExecutionContext()
+        name = request.tool_name
+        level = effective_level(request.output_level, name, ctx.context_usage)
+
+        def refuse(error_type: ToolErrorType, message: str) -> ToolExecutionResult:
+            failed = ToolExecutionResult.failure(request.tool_call_id, name, error_type, message, output_level=level)
+            return self._finish(failed, started, ctx)
+
+        if ctx.modifier is not None and not ctx.modifier.allows(name):
+            return refuse(ToolErrorType.PERMISSION_DENIED, f"Tool '{name}' is not allowed by the active skill.")
+        tool = self._tools.get(name)
+        if tool is None:
+            return refuse(ToolErrorType.NOT_FOUND, f"Unknown tool '{name}'. Available: {', '.join(self.tool_names)}.")
+        limit = runtime_settings().max_tool_input_bytes
+        if request.input_bytes > limit:
+            return refuse(ToolErrorType.INPUT_TOO_LARGE, f"Arguments are {request.input_bytes} bytes; the limit is {limit}.")
+
+        cache_key = self._cache_key(request, level)
+        if cache_key and (hit := self._cached(cache_key)):
+            return self._finish(hit.for_call(request.tool_call_id, cache_hit=True, retry_count=0), started, ctx)
+
+        result = self._run_with_retries(tool, request, level, ctx)
+        if cache_key and result.success:
+            self._remember(cache_key, result, request.cache_policy)
+        return self._finish(result, started, ctx)
+
+    def _run_with_retries(
+        self, tool: BaseTool | Callable[..., Any], request: ToolInvocationRequest, level: OutputLevel, ctx: ExecutionContext
+    ) -> ToolExecutionResult:
+        attempts: list[dict[str, Any]] = []
+        retries = 0
+        last_error: str | None = None
+        while True:
+            timeout = None if request.timeout_ms is None else self.retry_policy.timeout_ms(request.timeout_ms, retries)
+            began = time.perf_counter()
+            try:
+                raw = run_with_deadline(
+                    lambda: self._invoke(tool, request.parameters), timeout, on_exit=self.on_worker_exit
+                )
+            except Exception as exc:
+                error_type = classify_exception(exc)
+                message = self._redact(str(exc) or type(exc).__name__)
+                last_error = message
+                attempts.append({"error_type": error_type.value, "timeout_ms": timeout, "ms": _ms(began)})
+                retry = self.retry_policy.should_retry(error_type, retries) and (
+                    error_type is not ToolErrorType.TIMEOUT or request.retry_on_timeout
+                )
+                logger.info("tool %s call %s failed (%s), retry=%s", request.tool_name, request.tool_call_id, error_type.value, retry)
+                if retry:
+                    self._sleep(self.retry_policy.delay_s(retries))
+                    retries += 1
+                    continue
+                code = getattr(exc, "code", None) if isinstance(getattr(exc, "code", None), str) else None
+                return ToolExecutionResult.failure(
+                    request.tool_call_id, request.tool_name, error_type, message,
+                    code=code, output_level=level, retry_count=retries, attempts=attempts,
+                )
+            attempts.append({"error_type": None, "timeout_ms": timeout, "ms": _ms(began)})
+            result = self._success(tool, request, raw, level, ctx)
+            result.retry_count, result.attempts = retries, attempts
+            result.last_error = result.error_message or last_error
+            return result
+
+    @staticmethod
+    def _invoke(tool: BaseTool | Callable[..., Any], parameters: dict[str, Any]) -> Any:
+        if isinstance(tool, BaseTool):
+            return tool.invoke(dict(parameters))
+        return tool(**parameters)
+
+    def _success(
+        self, tool: BaseTool | Callable[..., Any], request: ToolInvocationRequest, raw: Any, level: OutputLevel, ctx: ExecutionContext
+    ) -> ToolExecutionResult:
+        text, mime = to_text(raw)
+        data = text.encode("utf-8")
+        result = ToolExecutionResult(
+            tool_call_id=request.tool_call_id, tool_name=request.tool_name, observation="", success=True,
+            output_level=level, data_size_bytes=len(data), data_hash=hashlib.sha256(data).hexdigest(),
+        )
+        storable = _metadata(tool).get("ctxlens_store_artifacts", True)
+        if storable and (level is OutputLevel.FULL or len(data) > runtime_settings().artifact_threshold_bytes):
+            summary = summarize(raw)
+            tokens = count_tokens(text, self._model(ctx)) if len(data) <= MAX_COUNTED_ARTIFACT_BYTES else None
+            try:
+                artifact_id = self.artifact_store.store(
+                    data, summary=summary, mime=mime, token_count=tokens, conversation=ctx.conversation
+                )
+            except ArtifactStorageError as exc:
+                return ToolExecutionResult.failure(
+                    request.tool_call_id, request.tool_name, ToolErrorType.INTERNAL, f"The result could not be stored: {exc}",
+                    code="ARTIFACT_STORAGE", output_level=level, data_size_bytes=len(data),
+                )
+            result.artifact_id, result.data_summary = artifact_id, summary
+            result.observation = format_artifact_observation(artifact_id, summary)
+        else:
+            result.observation = format_observation(raw, level)
+        return result
+
+    def _model(self, ctx: ExecutionContext) -> str | None:
+        return (ctx.modifier.model if ctx.modifier else None) or ctx.model or self.model
+
+    def _finish(self, result: ToolExecutionResult, started: float, ctx: ExecutionContext) -> ToolExecutionResult:
+        result.duration_ms = _ms(started)
+        result.observation_tokens = count_tokens(result.content, self._model(ctx))
+        return result
+
+    def _redact(self, message: str) -> str:
+        """Error text may quote a path inside the sandbox; users only ever see artifact ids."""
+        return redact_paths(message, (runtime_settings().artifact_dir, getattr(self.artifact_store, "directory", None)))
+
+    def _cache_key(self, request: ToolInvocationRequest, level: OutputLevel) -> str | None:
+        """Keyed by the idempotency key; the level is part of the key as it shapes the observation."""
+        if request.cache_policy.ttl_seconds is None:
+            return None
+        return f"{CACHE_PREFIX}:{request.idempotency_key}:{level.value}"
+
+    def _cached(self, key: str) -> ToolExecutionResult | None:
+        try:
+            data = self.cache.get(key)
+        except Exception:  # a cache outage must not break the tool call
+            logger.warning("tool result cache unavailable", exc_info=True)
+            return None
+        if not data:
+            return None
+        cached = ToolExecutionResult.from_dict(data)
+        if cached.artifact_id and not self.artifact_store.exists(cached.artifact_id):
+            return None  # its artifact is gone: run the tool again
+        return cached
+
+    def _remember(self, key: str, result: ToolExecutionResult, policy: CachePolicy) -> None:
+        try:
+            self.cache.set(key, result.to_dict(), timeout=policy.ttl_seconds)
+        except Exception:
+            logger.warning("tool result cache unavailable", exc_info=True)
+
+
+def _ms(since: float) -> float:
+    return round((time.perf_counter() - since) * 1000, 3)
+

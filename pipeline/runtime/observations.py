@@ -1,0 +1,124 @@
+"""Observations and output levels: how detailed the text a tool call shows the model is.
+
+The observation is WHAT a tool says; the OutputLevel is HOW detailed its text is (an
+engineering knob for tokens, orthogonal to the content): BRIEF key facts only, STANDARD the
+actionable part, FULL everything (stored as an artifact; the observation names its id and
+a summary, never a path). `effective_level` picks the level of one call.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from enum import Enum
+from typing import Any
+
+from pipeline.runtime.settings import runtime_settings
+
+BRIEF_CONTEXT_USAGE = 0.8  # above this share of the window, observations are forced to BRIEF
+BRIEF_CHARS = 100
+STANDARD_CHARS = 500
+STANDARD_ITEMS = 3
+SUMMARY_CHARS = 200
+
+
+class OutputLevel(str, Enum):
+    """How detailed an observation is: an engineering knob, orthogonal to what it says."""
+
+    BRIEF = "brief"  # key facts only: "Found 10 items"
+    STANDARD = "standard"  # actionable: count plus the first items, or the first 500 chars
+    FULL = "full"  # complete data, stored as an artifact; the observation names its id
+
+    @classmethod
+    def parse(cls, value: OutputLevel | str) -> OutputLevel:
+        """`OutputLevel` from a level or its name in any case; ValueError for anything else."""
+        if isinstance(value, OutputLevel):
+            return value
+        try:
+            return cls(str(value).strip().lower())
+        except ValueError:
+            raise ValueError(f"unknown output level {value!r}; use brief, standard or full") from None
+
+
+def effective_level(
+    explicit: OutputLevel | str | None, tool_name: str, context_usage: float = 0.0
+) -> OutputLevel:
+    """The level one tool call is formatted at.
+
+    Chain: the explicit level (from the request) → the tool's default from
+    CTXLENS_TOOL_OUTPUT_LEVELS → BRIEF when more than 80 % of the context window is used →
+    CTXLENS_DEFAULT_OUTPUT_LEVEL.
+    """
+    if explicit is not None:
+        return OutputLevel.parse(explicit)
+    config = runtime_settings()
+    tool_default = config.tool_output_levels.get(tool_name)
+    if tool_default:
+        return OutputLevel.parse(tool_default)
+    if context_usage > BRIEF_CONTEXT_USAGE:
+        return OutputLevel.BRIEF
+    return OutputLevel.parse(config.default_output_level)
+
+
+def to_text(data: Any) -> tuple[str, str]:
+    """Serialise a tool's raw output: (text, mime). Strings stay as they are; the rest is JSON."""
+    if isinstance(data, str):
+        return data, "text/plain"
+    if isinstance(data, bytes | bytearray):
+        return bytes(data).decode("utf-8", errors="replace"), "text/plain"
+    return json.dumps(data, ensure_ascii=False, indent=2, default=str), "application/json"
+
+
+def _clip(text: str, limit: int) -> str:
+    return text if len(text) <= limit else f"{text[:limit]}… [{len(text) - limit} more characters]"
+
+
+def format_brief(data: Any) -> str:
+    if isinstance(data, list | tuple):
+        return f"Found {len(data)} items"
+    if isinstance(data, Mapping):
+        if "success" in data:
+            status = "Success" if data["success"] else "Failed"
+            return f"{status}: {data.get('message', 'Operation completed')}"
+        return f"Result has {len(data)} fields: {', '.join(map(str, list(data)[:10]))}"
+    return _clip(to_text(data)[0], BRIEF_CHARS)
+
+
+def format_standard(data: Any) -> str:
+    if isinstance(data, list | tuple):
+        items = "\n".join(f"  - {json.dumps(item, ensure_ascii=False, default=str)}" for item in data[:STANDARD_ITEMS])
+        more = f"\n  ... and {len(data) - STANDARD_ITEMS} more" if len(data) > STANDARD_ITEMS else ""
+        return f"Found {len(data)} items:\n{items}{more}".rstrip(":\n")
+    return _clip(to_text(data)[0], STANDARD_CHARS)
+
+
+def format_full(data: Any) -> str:
+    return to_text(data)[0]
+
+
+def format_observation(data: Any, level: OutputLevel) -> str:
+    """Format a tool's raw output at `level` (FULL results normally go to an artifact instead)."""
+    return {OutputLevel.BRIEF: format_brief, OutputLevel.STANDARD: format_standard}.get(level, format_full)(data)
+
+
+def summarize(data: Any) -> str:
+    """A short description of a result, shown beside its artifact id."""
+    if isinstance(data, list | tuple):
+        first = data[0] if data else None
+        keys = f" First item keys: {list(first)}" if isinstance(first, Mapping) else ""
+        return f"List with {len(data)} items.{keys}"
+    if isinstance(data, Mapping):
+        return f"Dictionary with {len(data)} keys. Top keys: {', '.join(map(str, list(data)[:10]))}"
+    text = to_text(data)[0]
+    return f"Text of {len(text)} characters: {_clip(' '.join(text.split()), SUMMARY_CHARS)}"
+
+
+def format_artifact_observation(artifact_id: str, summary: str) -> str:
+    """The observation for a stored result: the artifact id and a summary, never a path."""
+    return (
+        f"Data stored as artifact: {artifact_id}\n\n"
+        "Large dataset available for subsequent tool access.\n\n"
+        "To access this data, reference the artifact_id in your next tool call.\n"
+        "The system will securely retrieve the data for you.\n\n"
+        f"Data summary: {summary}"
+    )
