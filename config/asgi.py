@@ -17,19 +17,20 @@ django_asgi_app = get_asgi_application()
 # Imported after Django is set up: these import models.
 from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
-from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
-from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
 
+from config.staticfiles import StaticFilesApp  # noqa: E402
 from dashboard.live import record_serving_loop  # noqa: E402
-from dashboard.otlp_asgi import OtlpIngestRouter  # noqa: E402
+from dashboard.origin import SameOriginValidator  # noqa: E402
+from pipeline.receivers.otlp_router import OtlpIngestRouter  # noqa: E402
 from dashboard.routing import websocket_urlpatterns  # noqa: E402
 
 # record_serving_loop: ingest committed on other threads sends its live updates on this loop.
 application = record_serving_loop(ProtocolTypeRouter(
     {
-        # Static files are served by the app itself so one process is the whole dashboard.
-        "http": OtlpIngestRouter(ASGIStaticFilesHandler(django_asgi_app)),
-        "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
+        # Static files are served by the app itself (WhiteNoise) so one process is the whole dashboard.
+        "http": OtlpIngestRouter(StaticFilesApp(django_asgi_app)),
+        # Scheme, host and port of the Origin must be this site's (not only the host name).
+        "websocket": SameOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
     }
 ))
 

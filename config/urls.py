@@ -4,7 +4,7 @@ from django.contrib import admin
 from django.urls import include, path
 
 from dashboard.views.health import healthz
-from dashboard.views.otlp import otlp_logs, otlp_traces
+from pipeline.receivers.otlp_http import otlp_logs, otlp_traces
 
 urlpatterns = [
     path("healthz", healthz, name="healthz"),

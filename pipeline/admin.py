@@ -8,8 +8,8 @@ from django.urls import path, reverse
 from django.utils import timezone
 from django.utils.html import format_html
 
-from pipeline.artifact_cleanup import cleanup_artifacts, delete_expired_artifacts
-from pipeline.artifacts import ArtifactError, open_artifact
+from pipeline.artifacts.cleanup import cleanup_artifacts, delete_expired_artifacts
+from pipeline.artifacts.store import ArtifactError, open_artifact
 from pipeline.models import (
     ApiKey,
     Artifact,
@@ -47,7 +47,7 @@ class ArtifactAdmin(admin.ModelAdmin):
     @admin.display(description="Preview (first 4 KB)")
     def preview(self, obj: Artifact) -> str:
         try:
-            with open_artifact(obj.artifact_id) as handle:  # never follows a link out of the sandbox
+            with open_artifact(obj) as handle:  # never follows a link out of the sandbox
                 text = handle.read(PREVIEW_BYTES).decode("utf-8", errors="replace")
         except ArtifactError:
             text = ""
@@ -74,10 +74,16 @@ class ArtifactAdmin(admin.ModelAdmin):
         if artifact is None or not self.has_view_permission(request, artifact):
             raise Http404("No such artifact")
         try:
-            handle = open_artifact(artifact.artifact_id)  # a valid id, a regular file in the sandbox
+            handle = open_artifact(artifact)  # a valid id, a regular file in the sandbox, the row's content
         except ArtifactError:
             raise Http404("The artifact's content is gone") from None
-        return FileResponse(handle, as_attachment=True, filename=artifact.artifact_id, content_type=artifact.mime)
+        response = FileResponse(handle, as_attachment=True, filename=artifact.artifact_id,
+                                content_type=artifact.mime or "application/octet-stream")
+        # Tool output is untrusted: never let a browser render it as a page of this origin (the
+        # same headers as the API's artifact content endpoint, dashboard/api/views.py).
+        response["X-Content-Type-Options"] = "nosniff"
+        response["Content-Security-Policy"] = "sandbox; default-src 'none'"
+        return response
 
     @admin.action(description="Delete expired artifacts (all of them, not only the selected)")
     def delete_expired(self, request, queryset) -> None:

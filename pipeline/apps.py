@@ -9,3 +9,5 @@ class PipelineConfig(AppConfig):
 
     def ready(self) -> None:
         from pipeline import checks, conf  # noqa: F401  (registers checks and receivers)
+
+        conf.install_runtime_settings()

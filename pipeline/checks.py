@@ -61,9 +61,9 @@ def check_ctxlens_settings(app_configs: object = None, **kwargs: object) -> list
 
 @register()
 def check_token_encoders_file(app_configs: object = None, **kwargs: object) -> list:
-    """A bad token encoders YAML file is reported here; counting ignores it (pipeline/tokens.py)."""
+    """A bad token encoders YAML file is reported here; counting ignores it (pipeline/tokens/counting.py)."""
     from pipeline.conf import ctxlens_config
-    from pipeline.token_config import TokenConfigError, load_token_config
+    from pipeline.tokens.families import TokenConfigError, load_token_config
 
     try:
         load_token_config(ctxlens_config().token_encoders_file)
@@ -75,7 +75,7 @@ def check_token_encoders_file(app_configs: object = None, **kwargs: object) -> l
 
 @register()
 def check_ingest_limits(app_configs: object = None, **kwargs: object) -> list:
-    """Rate limit and gRPC port settings (pipeline.ratelimit, manage.py serve_otlp_grpc)."""
+    """Rate limit, in-flight bytes and gRPC port settings (pipeline.ingest, manage.py serve_otlp_grpc)."""
     errors: list = []
     if settings.CTXLENS_INGEST_RATE_LIMIT < 0:
         errors.append(Error("CTXLENS_INGEST_RATE_LIMIT must be 0 (no limit) or a number of spans per second.",
@@ -86,4 +86,9 @@ def check_ingest_limits(app_configs: object = None, **kwargs: object) -> list:
         errors.append(Error("CTXLENS_OTLP_PROTOCOL must be http/protobuf, http/json or grpc.", id="pipeline.E063"))
     if not 0 <= settings.CTXLENS_OTLP_GRPC_PORT <= 65535:
         errors.append(Error("CTXLENS_OTLP_GRPC_PORT must be a TCP port (1-65535), or 0 for 4317.", id="pipeline.E062"))
+    if settings.CTXLENS_INGEST_CHUNK_SPANS < 1:
+        errors.append(Error("CTXLENS_INGEST_CHUNK_SPANS must be at least 1", id="pipeline.E065"))
+    if settings.CTXLENS_MAX_INFLIGHT_BYTES < settings.CTXLENS_MAX_INGEST_BYTES:
+        errors.append(Error("CTXLENS_MAX_INFLIGHT_BYTES must be at least CTXLENS_MAX_INGEST_BYTES, or a request of "
+                            "the largest accepted size could never be admitted.", id="pipeline.E064"))
     return errors

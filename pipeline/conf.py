@@ -1,18 +1,23 @@
-"""ctxlens tunables, read once from Django settings and cached.
+"""ctxlens tunables, read once from Django settings and cached; the runtime's settings source.
 
-`override_settings` in tests clears the cache through the `setting_changed` receiver, so
-code always calls `ctxlens_config()` rather than keeping the value around.
+`override_settings` in tests clears the caches through the `setting_changed` receiver, so
+code always calls `ctxlens_config()` (or, in the runtime, `runtime_settings()`) rather than
+keeping the value around. `PipelineConfig.ready()` installs `server_runtime_settings` as the
+runtime's settings source: inside the server, the agent runtime reads the server's settings.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from functools import cache
 from pathlib import Path
 
 from django.conf import settings
 from django.core.signals import setting_changed
 from django.dispatch import receiver
+
+from pipeline.runtime.settings import RuntimeSettings, use_settings_source
+from pipeline.tokens.counting import clear_token_caches
 
 
 @dataclass(frozen=True)
@@ -24,6 +29,8 @@ class CtxlensConfig:
     skills_dir: Path
     compression_threshold: float
     max_ingest_bytes: int
+    max_inflight_bytes: int
+    ingest_chunk_spans: int
     retention_days: int
     ingest_rate_limit: float
     ingest_rate_window: int
@@ -52,6 +59,8 @@ def ctxlens_config() -> CtxlensConfig:
         skills_dir=Path(settings.CTXLENS_SKILLS_DIR),
         compression_threshold=settings.CTXLENS_COMPRESSION_THRESHOLD,
         max_ingest_bytes=settings.CTXLENS_MAX_INGEST_BYTES,
+        max_inflight_bytes=settings.CTXLENS_MAX_INFLIGHT_BYTES,
+        ingest_chunk_spans=settings.CTXLENS_INGEST_CHUNK_SPANS,
         retention_days=settings.CTXLENS_RETENTION_DAYS,
         ingest_rate_limit=settings.CTXLENS_INGEST_RATE_LIMIT,
         ingest_rate_window=settings.CTXLENS_INGEST_RATE_WINDOW,
@@ -71,7 +80,23 @@ def ctxlens_config() -> CtxlensConfig:
     )
 
 
+@cache
+def server_runtime_settings() -> RuntimeSettings:
+    """The runtime's settings (pipeline.runtime.settings) built from Django settings."""
+    config = ctxlens_config()  # every runtime setting is one of the server's, under the same name
+    return RuntimeSettings(**{field.name: getattr(config, field.name) for field in fields(RuntimeSettings)})
+
+
+def install_runtime_settings() -> None:
+    """Make the runtime read the server's settings (called from PipelineConfig.ready())."""
+    use_settings_source(server_runtime_settings)
+    clear_token_caches()  # anything counted before now used the environment's encoder file
+
+
 @receiver(setting_changed)
 def _clear_config_cache(*, setting: str, **kwargs: object) -> None:
     if setting.startswith("CTXLENS_"):
         ctxlens_config.cache_clear()
+        server_runtime_settings.cache_clear()
+    if setting == "CTXLENS_TOKEN_ENCODERS_FILE":
+        clear_token_caches()

@@ -21,5 +21,12 @@ class IngestChanges(TypedDict):
     span_count: int  # new spans stored
 
 
+def empty_changes() -> IngestChanges:
+    return IngestChanges(
+        conversation_ids=[], new_conversation_ids=[], round_ids=[], llm_call_ids=[], tool_call_ids=[],
+        compression_ids=[], input_tokens=0, output_tokens=0, span_count=0,
+    )
+
+
 # Sent once after each ingest transaction commits, with `changes: IngestChanges`.
 ingest_committed = Signal()

@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.conftest import ROOT, LiveServer, free_port, start_daphne, test_database_url
+from tests.conftest import SERVER_COMMANDS, ROOT, LiveServer, free_port, server_env, start_uvicorn, test_database_url
 
 SMALL_DISK_SCRIPT = 'mount -t tmpfs -o size="$1" tmpfs "$2" && shift 2 && exec "$@"'
 
@@ -47,14 +47,14 @@ def wait_for_port(port: int, process: subprocess.Popen, log_path: Path, seconds:
 
 
 def start_grpc(tmp_dir: Path, *, database_url: str | None = None, extra_env: dict[str, str] | None = None,
-               port: int | None = None) -> LiveServer:
+               port: int | None = None, args: tuple[str, ...] = ()) -> LiveServer:
     """`manage.py serve_otlp_grpc` on the test database (or `database_url`), listening when returned."""
     port = port or free_port()
     env = {**os.environ, "DATABASE_URL": database_url or test_database_url(), "PYTHONUNBUFFERED": "1"}
     env.update(extra_env or {})
     log_path = tmp_dir / f"grpc-{port}.log"
     process = subprocess.Popen(
-        [sys.executable, "manage.py", "serve_otlp_grpc", "--port", str(port)],
+        [sys.executable, "manage.py", "serve_otlp_grpc", "--port", str(port), *args],
         cwd=ROOT, env=env, stdout=log_path.open("wb"), stderr=subprocess.STDOUT,
     )
     wait_for_port(port, process, log_path)
@@ -73,8 +73,8 @@ class SecondCtxlens:
     def env(self) -> dict[str, str]:
         return {"DATABASE_URL": self.database_url, "CTXLENS_ARTIFACT_DIR": str(self.artifact_dir)}
 
-    def daphne(self, extra_env: dict[str, str] | None = None, port: int | None = None) -> LiveServer:
-        return start_daphne(self.tmp_dir, {**self.env, **(extra_env or {})}, port)
+    def uvicorn(self, extra_env: dict[str, str] | None = None, port: int | None = None) -> LiveServer:
+        return start_uvicorn(self.tmp_dir, {**self.env, **(extra_env or {})}, port)
 
     def grpc(self, extra_env: dict[str, str] | None = None) -> LiveServer:
         return start_grpc(self.tmp_dir, database_url=self.database_url, extra_env={**self.env, **(extra_env or {})})
@@ -125,18 +125,16 @@ def namespace_prefix() -> list[str] | None:
     return None
 
 
-def start_daphne_on_small_disk(tmp_dir: Path, prefix: list[str], size: str, mount_point: Path,
-                               extra_env: dict[str, str] | None = None) -> LiveServer:
-    """daphne in its own mount namespace where `mount_point` is a real tmpfs of `size` (e.g. "256k").
+def start_uvicorn_on_small_disk(tmp_dir: Path, prefix: list[str], size: str, mount_point: Path,
+                                extra_env: dict[str, str] | None = None) -> LiveServer:
+    """uvicorn in its own mount namespace where `mount_point` is a real tmpfs of `size` (e.g. "256k").
 
     The mount exists only for that process and vanishes with it; writes past the size fail with
     ENOSPC, as on a full disk."""
     port = free_port()
-    env = {**os.environ, "DATABASE_URL": test_database_url(), "DEBUG": "1", "PYTHONUNBUFFERED": "1",
-           **(extra_env or {})}
-    log_path = tmp_dir / f"daphne-small-disk-{port}.log"
-    argv = [*prefix, "sh", "-c", SMALL_DISK_SCRIPT, "small-disk", size, str(mount_point),
-            sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "config.asgi:application"]
-    process = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=log_path.open("wb"), stderr=subprocess.STDOUT)
+    log_path = tmp_dir / f"uvicorn-small-disk-{port}.log"
+    argv = [*prefix, "sh", "-c", SMALL_DISK_SCRIPT, "small-disk", size, str(mount_point), *SERVER_COMMANDS["uvicorn"](port)]
+    process = subprocess.Popen(argv, cwd=ROOT, env=server_env(extra_env), stdout=log_path.open("wb"),
+                               stderr=subprocess.STDOUT)
     wait_for_port(port, process, log_path)
     return LiveServer(url=f"http://127.0.0.1:{port}", port=port, process=process, log_path=log_path)

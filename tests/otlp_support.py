@@ -1,4 +1,4 @@
-"""Helpers for the OTLP tests (their daphne is conftest's otlp_server): keys, row counts, waits."""
+"""Helpers for the OTLP tests (their uvicorn is conftest's otlp_server): keys, row counts, waits."""
 
 from __future__ import annotations
 

@@ -41,7 +41,7 @@ class LLMCallSerializer(serializers.ModelSerializer):
             "id", "trace_id", "span_id", "step", "model", "request_model", "response_model", "provider",
             "operation", *TIMING, "input_tokens", "output_tokens", "total_tokens", "cache_read_tokens",
             "cache_write_tokens", "reasoning_tokens", "context_window", "context_tokens",
-            "context_composition", "input_messages", "output_messages", "finish_reason",
+            "context_composition", "input_messages", "output_messages", "finish_reason", "tokens_estimated",
         ]
 
 
@@ -52,7 +52,8 @@ class ToolCallSerializer(serializers.ModelSerializer):
         model = ToolCall
         fields = [
             "id", "trace_id", "span_id", "llm_call", "tool_name", "tool_call_id", "arguments", "observation",
-            "observation_tokens", "output_level", "success", *TIMING, "error_code", "retry_count", "artifact_id",
+            "observation_tokens", "tokens_estimated", "output_level", "success", *TIMING, "error_code",
+            "retry_count", "artifact_id",
         ]
 
 
@@ -186,9 +187,14 @@ class RoundPageQuery(serializers.Serializer):
                                             help_text="At most this many rounds (100 unless given, 500 at most).")
 
 
+def object_id(**kwargs: Any) -> serializers.IntegerField:
+    """A row id filter: past 2**63 - 1 no column holds it, and the database driver overflows (a 500)."""
+    return serializers.IntegerField(required=False, min_value=1, max_value=2**63 - 1, **kwargs)
+
+
 class ToolStatsQuery(TimeRangeQuery):
     window = serializers.CharField(required=False, help_text="Instead of since: the last 15m, 1h, 24h, 7d, 2w…")
-    conversation = serializers.IntegerField(required=False, min_value=1, help_text="A conversation id.")
+    conversation = object_id(help_text="A conversation id.")
     tool = serializers.CharField(required=False, max_length=255, help_text="Only this tool.")
 
     def validate_window(self, value: str) -> Any:
@@ -204,10 +210,10 @@ class ToolStatsQuery(TimeRangeQuery):
 
 
 class CompressionQuery(TimeRangeQuery):
-    conversation = serializers.IntegerField(required=False, min_value=1)
+    conversation = object_id()
     strategy = serializers.ChoiceField(choices=CompressionStrategy.choices, required=False)
 
 
 class ArtifactQuery(serializers.Serializer):
-    conversation = serializers.IntegerField(required=False, min_value=1)
+    conversation = object_id()
     expired = serializers.BooleanField(required=False, allow_null=True, default=None)

@@ -13,8 +13,8 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.routers import SimpleRouter
 
-from dashboard.api.authentication import AnyAccess, BearerKeyAuthentication
-from dashboard.api.ingest import IngestView
+from pipeline.drf_auth import AnyAccess, BearerKeyAuthentication
+from pipeline.receivers.rest import IngestView
 from dashboard.api.views import ArtifactViewSet, CompressionViewSet, ConversationViewSet, ToolStatsView
 
 app_name = "api"

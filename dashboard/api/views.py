@@ -18,8 +18,8 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from dashboard.api import serializers as s
-from dashboard.api.authentication import BearerKeyAuthentication, ReadAccess
-from pipeline.artifacts import ArtifactError, open_artifact
+from pipeline.drf_auth import BearerKeyAuthentication, ReadAccess
+from pipeline.artifacts.store import ArtifactError, open_artifact
 from pipeline.models import Artifact, CompressionEvent, Conversation, LLMCall, ToolCall
 from pipeline.stats import tool_calls_in, tool_stats
 
@@ -220,7 +220,7 @@ class ArtifactViewSet(ReadApi, viewsets.ReadOnlyModelViewSet):
         if artifact.is_expired:
             raise Http404("The artifact has expired.")
         try:
-            handle = open_artifact(artifact.artifact_id)  # never follows a link out of the sandbox
+            handle = open_artifact(artifact)  # never follows a link out of the sandbox; the row's content
         except ArtifactError:
             raise Http404("The artifact's content is gone.") from None
         Artifact.objects.filter(pk=artifact.pk).update(last_accessed_at=timezone.now())

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 from django.db import models, transaction
@@ -12,14 +11,26 @@ from django.utils import timezone
 
 from pipeline.conf import ctxlens_config
 from pipeline.models.conversations import Conversation
+from pipeline.runtime.artifacts import ARTIFACT_ID_RE
 
-ARTIFACT_ID_RE = re.compile(r"\Aartifact_[0-9a-f]{16,64}\Z")
 
 
 class ArtifactQuerySet(models.QuerySet):
     def expired(self, now=None) -> ArtifactQuerySet:
         return self.filter(expires_at__lte=now or timezone.now())
 
+    def unused(self, *, besides: models.QuerySet | None = None) -> ArtifactQuerySet:
+        """Artifacts no tool call refers to (other than the tool calls `besides`, about to go too).
+
+        Artifacts are content-addressed: a later tool call with the same output links the
+        artifact another conversation stored first, so its owner says nothing about its use.
+        """
+        from pipeline.models.calls import ToolCall
+
+        users = ToolCall.objects.filter(artifact_id=models.OuterRef("pk"))
+        if besides is not None:
+            users = users.exclude(pk__in=besides.values("pk"))
+        return self.filter(~models.Exists(users))
 
 
 class Artifact(models.Model):

@@ -46,8 +46,10 @@ class LLMCall(SpanRecordMixin):
     input_messages = models.JSONField(default=list, blank=True)
     output_messages = models.JSONField(default=list, blank=True)
     finish_reason = models.CharField(max_length=64, blank=True)
-    # Token counts still to compute after the ingest response (see pipeline.ingest.deferred).
+    # Token counts still to compute after the ingest response (see pipeline.ingest.write.deferred).
     tokens_pending = models.BooleanField(default=False)
+    # Counted by ctxlens from text too long to tokenise whole: the head exactly, the rest by its rate.
+    tokens_estimated = models.BooleanField(default=False)
 
     class Meta:
         ordering = ["started_at"]
@@ -84,6 +86,7 @@ class ToolCall(SpanRecordMixin):
         "pipeline.Artifact", on_delete=models.SET_NULL, null=True, blank=True, related_name="tool_calls"
     )
     tokens_pending = models.BooleanField(default=False)  # observation_tokens still to count
+    tokens_estimated = models.BooleanField(default=False)  # observation_tokens estimated past the exact cap
 
     class Meta:
         ordering = ["started_at"]

@@ -1,0 +1,124 @@
+"""Small readers for span attribute values: first present key, lenient numbers and JSON.
+
+Instrumentations write "", "unknown" or "None" where they know nothing; those count as absent.
+`any`-typed attributes arrive either structured (kvlist/array) or as a JSON string.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from typing import Any
+
+ABSENT = frozenset({"", "unknown", "None", "none", "null"})
+
+
+def present(value: Any) -> bool:
+    if value is None:
+        return False
+    if isinstance(value, str):
+        return value not in ABSENT
+    return True
+
+
+def first(attrs: Mapping[str, Any], *keys: str) -> Any:
+    """The value of the first key in `keys` that `attrs` has with a real value, else None."""
+    for key in keys:
+        value = attrs.get(key)
+        if value is not None and present(value):
+            return value
+    return None
+
+
+def first_str(attrs: Mapping[str, Any], *keys: str) -> str:
+    value = first(attrs, *keys)
+    if value is None:
+        return ""
+    return value if isinstance(value, str) else str(value)
+
+
+def as_int(value: Any) -> int | None:
+    if value is None or isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    try:
+        return int(float(value))
+    except (TypeError, ValueError, OverflowError):  # OverflowError: "inf", "1e400" (missing, not an error)
+        return None
+
+
+def first_int(attrs: Mapping[str, Any], *keys: str) -> int | None:
+    for key in keys:
+        number = as_int(attrs.get(key))
+        if number is not None:
+            return number
+    return None
+
+
+MAX_COUNT = 2**31 - 1  # the largest value an IntegerField column holds on every backend
+
+
+def first_count(attrs: Mapping[str, Any], *keys: str) -> int | None:
+    """A token or item count: the first integer present, kept within 0..MAX_COUNT."""
+    number = first_int(attrs, *keys)
+    return None if number is None else min(max(number, 0), MAX_COUNT)
+
+
+SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")  # a UTF-16 surrogate written as a JSON \u escape
+SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _without_surrogates(value: Any) -> Any:
+    """Lone surrogates (which UTF-8, and so the database, cannot hold) replaced with U+FFFD."""
+    if isinstance(value, str):
+        return SURROGATE.sub("\ufffd", value)
+    if isinstance(value, list):
+        return [_without_surrogates(item) for item in value]
+    if isinstance(value, dict):
+        return {_without_surrogates(key): _without_surrogates(item) for key, item in value.items()}
+    return value
+
+
+def parse_json(value: Any) -> Any:
+    """A structured value as is; a string that holds JSON object/array parsed; else the value.
+
+    The attributes were cleaned as text (pipeline.ingest.write.sanitise), but JSON inside a string
+    can still spell a lone surrogate as an escape ("\\ud800"): parsed, it is replaced too.
+    """
+    if isinstance(value, str):
+        text = value.lstrip()
+        if text[:1] in ("{", "["):
+            try:
+                parsed = json.loads(value)
+                return _without_surrogates(parsed) if SURROGATE_ESCAPE.search(value) else parsed
+            except (ValueError, RecursionError):  # RecursionError: nested too deeply to read; kept as text
+                return value
+    return value
+
+
+def json_dict(value: Any) -> dict[str, Any]:
+    parsed = parse_json(value)
+    return parsed if isinstance(parsed, dict) else {}
+
+
+def to_text(value: Any) -> str:
+    """A payload as the text a model would see: strings unchanged, anything else as JSON."""
+    if value is None:
+        return ""
+    if isinstance(value, str):
+        return value
+    try:
+        return json.dumps(value, ensure_ascii=False, default=str)
+    except (TypeError, ValueError):
+        return str(value)
+
+
+def dig(value: Any, *path: str) -> Any:
+    """value[path[0]][path[1]]... through dicts, or None when a step is missing."""
+    for step in path:
+        if not isinstance(value, dict):
+            return None
+        value = value.get(step)
+    return value

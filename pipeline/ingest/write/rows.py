@@ -1,0 +1,136 @@
+"""Build and insert the rows one ingest batch adds: spans, LLM and tool calls, events.
+
+Runs inside the store's transaction, after pipeline.ingest.write.conversations has found the batch's
+conversations and rounds. Span rows are prepared values (no model instances: one per span);
+the rest are unsaved instances, linked in memory (pipeline.ingest.write.linking) and inserted with
+one executemany per table (pipeline.ingest.write.sql).
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Iterable
+from typing import Any
+
+from django.utils import timezone
+
+from pipeline.ingest.write import sql
+from pipeline.ingest.write.artifacts import store_observation_artifacts
+from pipeline.ingest.write.linking import RoundRows, link_compressions
+from pipeline.ingest.normalise.span import NormalisedSpan
+from pipeline.ingest.write.sanitise import clamp_integers
+from pipeline.models import CompressionEvent, Conversation, LLMCall, Round, SkillActivation, Span, ToolCall
+
+ROW_MODELS = (Span, LLMCall, ToolCall, CompressionEvent, SkillActivation)
+
+
+def jsonable(value: Any) -> Any:
+    """Attribute values as JSON can hold them: bytes become base64 text."""
+    if isinstance(value, bytes):
+        return base64.b64encode(value).decode()
+    if isinstance(value, dict):
+        if any(isinstance(v, bytes | dict | list) for v in value.values()):
+            return {k: jsonable(v) for k, v in value.items()}
+        return value
+    if isinstance(value, list):
+        return [jsonable(v) for v in value] if any(isinstance(v, bytes | dict | list) for v in value) else value
+    return value
+
+
+SPAN_COLUMNS = (
+    "trace_id", "span_id", "parent_span_id", "name", "kind", "otel_kind", "status_code", "status_message",
+    "start_time", "end_time", "start_time_unix_nano", "end_time_unix_nano", "duration_ms", "service_name",
+    "scope_name", "scope_version", "attributes", "events", "links", "resource", "conversation_id", "source",
+    "received_at",
+)
+
+
+class _SpanRows:
+    """Prepared Span rows (no model instances: this runs for every span), in SPAN_COLUMNS order."""
+
+    def __init__(self, source: str) -> None:
+        self.prepare = sql.Prepare()
+        self.source = source[:16]
+        self.received = self.prepare.datetime(timezone.now())
+        self.empty = self.prepare.json([])
+        self.resources: dict[int, Any] = {}  # the spans of one ResourceSpans share its dict
+
+    def values(self, s: NormalisedSpan, conversation_id: int) -> list[Any]:
+        r, json = s.record, self.prepare.json
+        resource = self.resources.get(id(r.resource))
+        if resource is None:
+            resource = self.resources[id(r.resource)] = json(jsonable(r.resource))
+        events = json([{"name": e.name, "time_unix_nano": e.time_unix_nano, "attributes": jsonable(e.attributes)}
+                       for e in r.events]) if r.events else self.empty
+        return [
+            r.trace_id, r.span_id, r.parent_span_id, r.name[:1000], s.span_kind, r.kind, r.status_code,
+            r.status_message, self.prepare.datetime(s.started_at), self.prepare.datetime(s.ended_at),
+            r.start_time_unix_nano, r.end_time_unix_nano, s.duration_ms, s.service_name, r.scope_name[:255],
+            r.scope_version[:64], json(jsonable(r.attributes)), events,
+            json(jsonable(r.links)) if r.links else self.empty, resource, conversation_id, self.source,
+            self.received,
+        ]
+
+
+def build_rows(
+    spans: list[NormalisedSpan],
+    conversations: dict[str, Conversation],
+    rounds: dict[tuple[int, str], Round],
+    source: str,
+) -> dict[str, list]:
+    """Prepared Span rows and unsaved model instances for the rest, by model."""
+    out: dict[str, list] = {"span": [], "llm": [], "tool": [], "compression": [], "skill": []}
+    span_rows = _SpanRows(source)
+    for s in spans:
+        r = s.record
+        conversation_id = conversations[r.trace_id].id
+        out["span"].append(span_rows.values(s, conversation_id))
+        if not s.in_round:
+            continue
+        round_id = rounds[(conversation_id, s.round_key)].id
+        common = {"trace_id": r.trace_id, "span_id": r.span_id, "conversation_id": conversation_id,
+                  "round_id": round_id}
+        timing = {
+            "started_at": s.started_at, "ended_at": s.ended_at, "duration_ms": s.duration_ms,
+            "status": s.status, "error_type": s.error_type, "error_message": s.error_message,
+        }
+        if s.llm is not None:
+            out["llm"].append(LLMCall(**common, **timing, **s.llm))
+        elif s.tool is not None:
+            fields = dict(s.tool)
+            fields.pop("artifact_ref")
+            out["tool"].append(ToolCall(**common, **timing, success=s.status == "ok", **fields))
+        elif s.compression is not None:
+            out["compression"].append(CompressionEvent(**common, occurred_at=s.started_at, **s.compression))
+        elif s.skill is not None:
+            out["skill"].append(SkillActivation(
+                **common, activated_at=s.started_at, status=s.status, error_message=s.error_message, **s.skill
+            ))
+    return out
+
+
+def insert_rows(spans: list[NormalisedSpan], rows: dict[str, list], links: RoundRows, stored_rounds: set[int]) -> None:
+    """Insert in dependency order, linking new rows to each other and to the stored ones on the way."""
+    links.add(rows["llm"], rows["tool"])
+    links.number_steps()
+    sql.insert_values(Span, SPAN_COLUMNS, rows["span"])
+    sql.insert_rows(LLMCall, rows["llm"])
+    sql.fetch_ids(LLMCall, rows["llm"])
+    links.link_tools()
+    if rows["tool"]:
+        refs = {(s.record.trace_id, s.record.span_id): s.tool["artifact_ref"] for s in spans if s.tool}
+        store_observation_artifacts(rows["tool"], refs)
+        sql.insert_rows(ToolCall, rows["tool"])
+        sql.fetch_ids(ToolCall, rows["tool"])
+    if rows["compression"] or (stored_rounds and rows["llm"]):
+        link_compressions(rows["compression"], links, stored_rounds)
+    CompressionEvent.objects.bulk_create(clamp_integers(rows["compression"]))
+    SkillActivation.objects.bulk_create(clamp_integers(rows["skill"]))
+    links.save_changes()
+
+
+def delete_span_rows(keys: Iterable[tuple[str, str]]) -> None:
+    """Remove the rows of spans that are about to be replaced by their finished versions."""
+    for trace_id, span_id in keys:
+        for model in ROW_MODELS:
+            model.objects.filter(trace_id=trace_id, span_id=span_id).delete()

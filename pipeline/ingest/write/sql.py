@@ -1,0 +1,223 @@
+"""Bulk reads and writes for the ingest hot path, in portable SQL (SQLite and PostgreSQL).
+
+Measured on an ingest batch of 100 spans, the ORM's per-query Python (0.3–0.5 ms a query),
+bulk_create's value preparation and bulk_update's CASE WHEN expressions cost more than the
+database work itself. This module sends hand-written statements instead: one parameterised
+INSERT or UPDATE run with executemany, and SELECTs whose rows become model instances through
+`Model.from_db`. Values are prepared as the fields would prepare them (JSON through the
+backend's JSON adapter, datetimes through its datetime adapter), so everything reads back
+through the ORM exactly as if the ORM had written it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Iterable, Sequence
+from datetime import UTC, datetime, timedelta
+from operator import attrgetter
+from typing import Any
+
+from django.conf import settings
+from django.db import DEFAULT_DB_ALIAS, connection, connections
+from django.db.models import DateTimeField, JSONField, Model
+from django.utils.dateparse import parse_datetime
+
+from pipeline.ingest.write.sanitise import integer_clamp
+
+ZERO = timedelta(0)
+
+
+def quote(name: str) -> str:
+    return connection.ops.quote_name(name)
+
+
+def table(model: type[Model]) -> str:
+    return quote(model._meta.db_table)
+
+
+def columns(names: Iterable[str]) -> str:
+    return ", ".join(quote(n) for n in names)
+
+
+def marks(values: Sequence[Any]) -> str:
+    """`%s, %s, ...` for an IN list of `values` (never empty: IN () is not valid SQL)."""
+    return ", ".join(["%s"] * len(values)) if values else "NULL"
+
+
+# Rows found by two IN lists at once (conversation and key, trace and span) are looked up this
+# many at a time: the database probes every pair of the two lists, so one query for n rows does
+# n² probes (measured on SQLite: 10,000 rounds in one query took 10 s, in chunks of 200 0.2 s).
+PAIR_CHUNK = 200
+
+
+def chunked(values: Sequence[Any], size: int = PAIR_CHUNK) -> Iterable[Sequence[Any]]:
+    return (values[i:i + size] for i in range(0, len(values), size))
+
+
+def fetch(query: str, params: Sequence[Any] = ()) -> list[tuple]:
+    with connection.cursor() as cursor:
+        cursor.execute(query, params)
+        return cursor.fetchall()
+
+
+def execute(query: str, params: Sequence[Any] = ()) -> int:
+    with connection.cursor() as cursor:
+        cursor.execute(query, params)
+        return cursor.rowcount
+
+
+def lock_rows(model: type[Model], ids: Iterable[int]) -> None:
+    """Row locks on `ids`, taken in id order (PostgreSQL; SQLite already has one writer at a time).
+
+    Every ingest transaction locks the conversations it touches this way before changing any of
+    them or their rounds, so concurrent writers queue instead of deadlocking.
+    """
+    ids = sorted(set(ids))
+    if ids and connection.features.has_select_for_update:
+        fetch(f"SELECT id FROM {table(model)} WHERE id IN ({marks(ids)}) ORDER BY id FOR UPDATE", ids)
+
+
+def lock_traces(trace_ids: Iterable[str]) -> None:
+    """Serialise the transactions that write the same traces (PostgreSQL; SQLite's one writer
+    already does): a transaction-scoped advisory lock per trace, taken in key order.
+
+    Which conversation a trace belongs to is decided from what is stored of it, so two requests
+    carrying parts of one trace must not both decide before either has stored anything. Ingest
+    takes these before any row lock; two traces sharing a key (a hash) only wait for each other.
+    """
+    if connection.vendor != "postgresql":
+        return
+    keys = sorted({int.from_bytes(hashlib.blake2b(t.encode(), digest_size=8).digest(), "big", signed=True)
+                   for t in trace_ids})
+    if keys:  # unnest scans the sorted array in order, so the locks are taken in order
+        fetch("SELECT pg_advisory_xact_lock(k) FROM unnest(%s::bigint[]) AS k", [keys])
+
+
+def is_deadlock(error: BaseException) -> bool:
+    """A deadlock or serialization failure the database resolved by aborting us: safe to retry."""
+    cause = error.__cause__
+    return getattr(cause, "sqlstate", None) in ("40P01", "40001") or "deadlock detected" in str(error)
+
+
+# ---- values ---------------------------------------------------------------------------------
+
+class Prepare:
+    """Value → database value functions for JSON and datetimes, bound to this thread's connection.
+
+    The same results as JSONField / DateTimeField.get_db_prep_save; made once per batch because
+    every `django.db.connection` attribute access goes through a thread-local lookup.
+    """
+
+    def __init__(self) -> None:
+        self.connection = connections[DEFAULT_DB_ALIAS]
+        self._ops = self.connection.ops
+        self._utc_text = (
+            self.connection.vendor == "sqlite" and settings.USE_TZ and self.connection.timezone_name == "UTC"
+        )
+
+    def json(self, value: Any) -> Any:
+        return self._ops.adapt_json_value(value, None)
+
+    def datetime(self, value: datetime | None) -> Any:
+        if self._utc_text and value is not None and value.utcoffset() == ZERO:
+            return str(value.replace(tzinfo=None))  # what the SQLite adapter gives, minus zoneinfo
+        return self._ops.adapt_datetimefield_value(value)
+
+    def for_field(self, field: Any) -> Callable[[Any], Any] | None:
+        if isinstance(field, JSONField):
+            return self.json
+        if isinstance(field, DateTimeField):
+            return self.datetime
+        return integer_clamp(field)  # a token count of 2**40 must not fail the batch on PostgreSQL
+
+
+def to_datetime(value: Any) -> datetime | None:
+    """A datetime column as a raw query returns it: naive UTC (or text) on SQLite, aware on PostgreSQL."""
+    if isinstance(value, str):
+        value = parse_datetime(value)
+    if isinstance(value, datetime) and value.tzinfo is None:
+        return value.replace(tzinfo=UTC)
+    return value
+
+
+# ---- writes ---------------------------------------------------------------------------------
+
+def insert_values(model: type[Model], names: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
+    """INSERT prepared `rows` (values in the order of the columns `names`) with one executemany."""
+    if rows:
+        query = f"INSERT INTO {table(model)} ({columns(names)}) VALUES ({marks(names)})"
+        with connection.cursor() as cursor:
+            cursor.executemany(query, rows)
+
+
+def insert_rows(model: type[Model], rows: Sequence[Model]) -> None:
+    """INSERT unsaved instances (no primary keys come back: see `fetch_ids`)."""
+    if not rows:
+        return
+    fields = [f for f in model._meta.concrete_fields if not f.primary_key]
+    for f in fields:
+        if getattr(f, "auto_now_add", False) or getattr(f, "auto_now", False):
+            for row in rows:
+                f.pre_save(row, add=True)
+    values = attrgetter(*(f.attname for f in fields))
+    prepare = Prepare()
+    prepared = [(i, prep) for i, f in enumerate(fields) if (prep := prepare.for_field(f))]
+    params = []
+    for row in rows:
+        value = list(values(row))
+        for i, prep in prepared:
+            value[i] = prep(value[i])
+        params.append(value)
+    insert_values(model, [f.column for f in fields], params)
+
+
+def update_rows(model: type[Model], rows: Iterable[Model], names: Sequence[str]) -> int:
+    """UPDATE the fields `names` of saved instances, one executemany for all of them."""
+    rows = list(rows)
+    if not rows:
+        return 0
+    meta = model._meta
+    fields = [meta.get_field(name) for name in names]
+    prepare = Prepare()
+    preparers = [prepare.for_field(f) for f in fields]
+    assignments = ", ".join(f"{quote(f.column)} = %s" for f in fields)
+    query = f"UPDATE {table(model)} SET {assignments} WHERE {quote(meta.pk.column)} = %s"
+    params = [
+        [prep(v) if prep else v for prep, v in zip(preparers, (getattr(row, f.attname) for f in fields), strict=True)]
+        + [row.pk]
+        for row in rows
+    ]
+    with connection.cursor() as cursor:
+        cursor.executemany(query, params)
+    return len(rows)
+
+
+def fetch_ids(model: type[Model], rows: Sequence[Model]) -> None:
+    """Set the primary keys of rows just inserted, found again by their (trace_id, span_id)."""
+    if not rows:
+        return
+    by_key = {(row.trace_id, row.span_id): row for row in rows}
+    traces = sorted({k[0] for k in by_key})
+    found = fetch(f"SELECT trace_id, span_id, id FROM {table(model)} WHERE trace_id IN ({marks(traces)})", traces)
+    for trace_id, span_id, pk in found:
+        row = by_key.get((trace_id, span_id))
+        if row is not None:
+            row.pk = pk
+            row._state.adding = False
+
+
+# ---- reads ----------------------------------------------------------------------------------
+
+def instances(model: type[Model], names: Sequence[str], rows: Iterable[Sequence[Any]]) -> list[Model]:
+    """Model instances from raw rows of the columns `names` (datetimes converted)."""
+    meta = model._meta
+    fields = [meta.get_field(n) for n in names]
+    converters = [to_datetime if isinstance(f, DateTimeField) else None for f in fields]
+    # from_db expects the values in the model's field order
+    order = sorted(range(len(fields)), key=lambda i: meta.concrete_fields.index(fields[i]))
+    attnames = [fields[i].attname for i in order]
+    out = []
+    for row in rows:
+        values = [converters[i](row[i]) if converters[i] else row[i] for i in order]
+        out.append(model.from_db(connection.alias, attnames, values))
+    return out

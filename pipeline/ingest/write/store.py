@@ -1,0 +1,224 @@
+"""store_spans: the one entry point that writes spans — OTLP, REST and the in-process exporter.
+
+    result = store_spans(records, source="otlp", logs=log_records)
+
+One transaction per call: all accepted spans are stored or none. Idempotent on
+(trace_id, span_id): a span already stored is counted in `duplicates` and changes nothing
+(first write wins), except that an unfinished span (end time 0, e.g. a REST round start)
+is replaced by its finished version. After the commit, `pipeline.signals.ingest_committed`
+is sent once with the IngestChanges, and token counts the spans did not carry are computed
+in the background (`pipeline.ingest.write.deferred`).
+
+Invalid spans (ids of the wrong length, no start time, a time more than MAX_AHEAD_NS past the
+server's clock) are rejected one by one and reported in `rejected` / `error_message`; the rest
+of the batch is stored. A span from the future would sort its conversation first for as long
+as the future lasts (a start in 2262: for good). An end before the start is not refused: it is
+clamped to the start (pipeline.ingest.write.sanitise).
+
+`store_spans` = `prepare_spans` (validate + normalise: CPU only, no database) followed by
+`store_prepared` (the transaction); a caller may keep the first half out of its transaction.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import re
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from django.db import IntegrityError, OperationalError, transaction
+
+from pipeline.ingest.write import deferred
+from pipeline.ingest.write import sql
+from pipeline.ingest.write.counters import recompute_counters
+from pipeline.ingest.write.linking import RoundRows, relink_stored
+from pipeline.ingest.write.logs import apply_logs, save_logs
+from pipeline.ingest.normalise.span import NormalisedSpan, normalise
+from pipeline.ingest.records import LogRecord, SpanRecord
+from pipeline.ingest.write.rows import build_rows, delete_span_rows, insert_rows
+from pipeline.ingest.write.sanitise import INT64_MAX, clean_log, clean_record
+from pipeline.ingest.write.sql import update_rows
+from pipeline.ingest.write.conversations import resolve_conversations, resolve_rounds
+from pipeline.models import Round, Span
+from pipeline.signals import IngestChanges, empty_changes, ingest_committed
+
+logger = logging.getLogger(__name__)
+
+TRACE_ID_RE = re.compile(r"\A[0-9a-f]{32}\Z")
+SPAN_ID_RE = re.compile(r"\A[0-9a-f]{16}\Z")
+MAX_ERRORS_REPORTED = 5
+MAX_AHEAD_NS = 24 * 3600 * 10**9  # clock skew allowed to an exporter: a day
+# PostgreSQL writers racing on the same new span, or deadlocked: the loser retries.
+ATTEMPTS = 5
+
+
+@dataclass
+class IngestResult:
+    accepted: int = 0  # spans stored by this call
+    rejected: int = 0  # spans refused as invalid
+    duplicates: int = 0  # spans already stored (or repeated in the batch): nothing changed
+    error_message: str = ""  # why spans were rejected, for OTLP partial_success
+    changes: IngestChanges = field(default_factory=empty_changes)
+
+
+def validation_error(record: SpanRecord) -> str:
+    if not TRACE_ID_RE.match(record.trace_id) or record.trace_id == "0" * 32:
+        return f"span {record.span_id!r}: trace_id must be 16 bytes (32 hex characters), not all zero"
+    if not SPAN_ID_RE.match(record.span_id) or record.span_id == "0" * 16:
+        return f"span in trace {record.trace_id}: span_id must be 8 bytes (16 hex characters), not all zero"
+    if record.parent_span_id and not SPAN_ID_RE.match(record.parent_span_id):
+        return f"span {record.span_id}: parent_span_id must be 8 bytes (16 hex characters)"
+    if record.start_time_unix_nano <= 0:
+        return f"span {record.span_id}: start time is missing"
+    if max(record.start_time_unix_nano, record.end_time_unix_nano) > INT64_MAX:  # found by fuzzing
+        return f"span {record.span_id}: time is past the year 2262 (more than 2**63 - 1 nanoseconds)"
+    if max(record.start_time_unix_nano, record.end_time_unix_nano) > time.time_ns() + MAX_AHEAD_NS:
+        return f"span {record.span_id}: time is more than a day ahead of the server's clock"
+    return ""
+
+
+@dataclass
+class PreparedBatch:
+    """Spans validated and normalised, ready for `store_prepared` (no database work done yet)."""
+
+    spans: list[NormalisedSpan]
+    result: IngestResult
+
+
+def prepare_spans(records: Sequence[SpanRecord]) -> PreparedBatch:
+    """Validate and normalise: the CPU half of storing, which needs no database and no lock."""
+    result = IngestResult()
+    errors: list[str] = []
+    spans: list[NormalisedSpan] = []
+    seen: set[tuple[str, str]] = set()
+    for record in records:
+        record = clean_record(record)  # NUL, NaN, 2**70: storable, instead of failing the batch
+        problem = validation_error(record)
+        if problem:
+            errors.append(problem)
+            continue
+        key = (record.trace_id, record.span_id)
+        if key in seen:
+            result.duplicates += 1
+            continue
+        seen.add(key)
+        try:
+            spans.append(normalise(record))
+        except Exception:  # a span we cannot read must not cost the rest of the batch
+            logger.exception("could not normalise span %s/%s", record.trace_id, record.span_id)
+            errors.append(f"span {record.span_id}: could not be normalised")
+    result.rejected = len(errors)
+    if errors:
+        more = f" (and {len(errors) - MAX_ERRORS_REPORTED} more)" if len(errors) > MAX_ERRORS_REPORTED else ""
+        result.error_message = f"{len(errors)} span(s) rejected: " + "; ".join(errors[:MAX_ERRORS_REPORTED]) + more
+    return PreparedBatch(spans, result)
+
+
+def store_prepared(batch: PreparedBatch, *, source: str = "otlp", logs: Sequence[LogRecord] | None = None) -> IngestResult:
+    """The database half: one transaction for the whole batch."""
+    result, spans = batch.result, batch.spans
+    if not spans and not logs:
+        return result
+    for attempt in range(ATTEMPTS):
+        try:
+            with transaction.atomic():
+                changes, accepted, duplicates, pending = _store(spans, source, [clean_log(log) for log in logs or ()])
+                transaction.on_commit(lambda: _committed(changes, pending))
+            break
+        except IntegrityError:  # a concurrent writer stored one of these spans first: look again
+            if attempt == ATTEMPTS - 1:
+                raise
+        except OperationalError as error:
+            if attempt == ATTEMPTS - 1 or not sql.is_deadlock(error):
+                raise
+            time.sleep(random.uniform(0.01, 0.05) * (attempt + 1))
+    result.accepted = accepted
+    result.duplicates += duplicates
+    result.changes = changes
+    return result
+
+
+def store_spans(
+    records: Sequence[SpanRecord], *, source: str = "otlp", logs: Sequence[LogRecord] | None = None
+) -> IngestResult:
+    return store_prepared(prepare_spans(records), source=source, logs=logs)
+
+
+def _store(
+    spans: list[NormalisedSpan], source: str, logs: list[LogRecord]
+) -> tuple[IngestChanges, int, int, bool]:
+    """Store the batch; (changes, spans stored, duplicates, whether token work was left pending)."""
+    changes = empty_changes()
+    pending = bool(logs)
+    # Requests that carry parts of one trace take turns from here on (PostgreSQL; SQLite has one writer).
+    sql.lock_traces({s.record.trace_id for s in spans} | {log.trace_id for log in logs if log.trace_id})
+    stored = _stored_spans(spans)
+    finishing = {k for k, end in stored.items() if end == 0}
+    fresh = [
+        s for s in spans
+        if (k := (s.record.trace_id, s.record.span_id)) not in stored
+        or (k in finishing and s.record.end_time_unix_nano > 0)
+    ]
+    duplicates = len(spans) - len(fresh)
+    replaced = [(s.record.trace_id, s.record.span_id) for s in fresh if (s.record.trace_id, s.record.span_id) in stored]
+    if replaced:
+        delete_span_rows(replaced)
+
+    round_ids: set[int] = set()
+    conversation_ids: set[int] = set()
+    if fresh:
+        conversations, created = resolve_conversations(fresh)
+        rounds, new_rounds = resolve_rounds(fresh, conversations)
+        round_ids = {r.id for r in rounds.values()}
+        stored_rounds = round_ids - new_rounds
+        links = RoundRows.load(stored_rounds)  # what earlier requests stored in these rounds
+        rows = build_rows(fresh, conversations, rounds, source)
+        insert_rows(fresh, rows, links, stored_rounds)
+        update_rows(Round, links.fill_final_answers(rounds.values()), ["final_answer"])
+        pending = pending or any(row.tokens_pending for row in (*rows["llm"], *rows["tool"])) or any(
+            tool.tokens_pending for tool in links.changed_tools.values()
+        )
+        conversation_ids = {c.id for c in conversations.values()}
+        changes["new_conversation_ids"] = sorted(created)
+        changes["llm_call_ids"] = [c.id for c in rows["llm"]]
+        changes["tool_call_ids"] = [t.id for t in rows["tool"]]
+        changes["compression_ids"] = [c.id for c in rows["compression"]]
+        changes["input_tokens"] = sum(c.input_tokens for c in rows["llm"])
+        changes["output_tokens"] = sum(c.output_tokens for c in rows["llm"])
+        changes["span_count"] = len(fresh)
+    if logs:
+        save_logs(logs)
+    touched_traces = {s.record.trace_id for s in fresh} | {log.trace_id for log in logs if log.trace_id}
+    if touched_traces and (logs or any(s.llm is not None for s in fresh)):
+        logged_rounds, logged_conversations = apply_logs(touched_traces)
+        if logged_rounds:
+            relink_stored(logged_rounds, Round.objects.filter(id__in=logged_rounds).only("id", "final_answer"))
+        round_ids |= logged_rounds
+        conversation_ids |= logged_conversations
+    recompute_counters(round_ids, conversation_ids)
+    changes["round_ids"] = sorted(round_ids)
+    changes["conversation_ids"] = sorted(conversation_ids)
+    return changes, len(fresh), duplicates, pending
+
+
+def _stored_spans(spans: list[NormalisedSpan]) -> dict[tuple[str, str], int]:
+    """{(trace_id, span_id): end_time_unix_nano} of the batch's spans that are already stored."""
+    wanted = {(s.record.trace_id, s.record.span_id) for s in spans}
+    traces = sorted({k[0] for k in wanted})
+    # By trace only: an IN list on both columns makes SQLite probe every (trace, span) pair.
+    rows = sql.fetch(
+        f"SELECT trace_id, span_id, end_time_unix_nano FROM {sql.table(Span)} WHERE trace_id IN ({sql.marks(traces)})",
+        traces,
+    )
+    return {(t, s): end for t, s, end in rows if (t, s) in wanted}
+
+
+def _committed(changes: IngestChanges, pending: bool) -> None:
+    # send_robust: a broken receiver must not turn a stored batch into an error.
+    for receiver, error in ingest_committed.send_robust(sender=store_spans, changes=changes):
+        if isinstance(error, Exception):
+            logger.error("ingest_committed receiver %r failed: %r", receiver, error)
+    if pending:
+        deferred.schedule()

@@ -1,0 +1,124 @@
+"""OTLP/gRPC ingest: TraceService/Export on its own port (4317 by default).
+
+The same way in as POST /v1/traces: `pipeline.ingest.service.ingest` checks the caller (an
+ApiKey with the ingest scope, sent as `authorization: Bearer <key>` metadata), its rate, the
+size, decodes and stores the body (one transaction per request, idempotent on trace and span
+id). This module only translates the outcome into gRPC, with the service's messages.
+
+Status codes follow the OTLP spec so exporters retry what is worth retrying: UNAUTHENTICATED
+and PERMISSION_DENIED for keys, INVALID_ARGUMENT for bodies that cannot be decoded,
+RESOURCE_EXHAUSTED over the size limit, RESOURCE_EXHAUSTED + RetryInfo (retryable) when the key
+is over its rate limit, UNAVAILABLE + RetryInfo when the database is unreachable, INTERNAL for a
+fault of the server's own, and a partial_success for spans refused one by one.
+"""
+
+from __future__ import annotations
+
+import logging
+from concurrent import futures
+
+import grpc
+from django.db import close_old_connections
+from google.protobuf.duration_pb2 import Duration
+from google.rpc.error_details_pb2 import RetryInfo
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+    ExportTracePartialSuccess,
+    ExportTraceServiceResponse,
+)
+
+from pipeline.conf import ctxlens_config
+from pipeline.ingest import service
+from pipeline.ingest.service import Failed, IngestRequest, Kind, Rejected
+
+logger = logging.getLogger(__name__)
+
+SERVICE = "opentelemetry.proto.collector.trace.v1.TraceService"
+DEFAULT_PORT = 4317
+RETRY_INFO_KEY = "google.rpc.retryinfo-bin"
+# gRPC itself refuses messages past max_receive_message_length, with its own text, before the
+# handler runs. It is set this much above CTXLENS_MAX_INGEST_BYTES so that a body a little too
+# large reaches the service and is refused with the message every transport gives.
+RECEIVE_SLACK_BYTES = 1024 * 1024
+STATUS_CODE = {Kind.INVALID_ARGUMENT: grpc.StatusCode.INVALID_ARGUMENT,
+               Kind.UNAUTHENTICATED: grpc.StatusCode.UNAUTHENTICATED,
+               Kind.PERMISSION_DENIED: grpc.StatusCode.PERMISSION_DENIED,
+               Kind.TIMED_OUT: grpc.StatusCode.DEADLINE_EXCEEDED,
+               Kind.TOO_LARGE: grpc.StatusCode.RESOURCE_EXHAUSTED,
+               Kind.UNSUPPORTED: grpc.StatusCode.INVALID_ARGUMENT,
+               Kind.UNAVAILABLE: grpc.StatusCode.UNAVAILABLE,
+               Kind.THROTTLED: grpc.StatusCode.RESOURCE_EXHAUSTED,  # with RetryInfo: retryable (OTLP spec)
+               Kind.INTERNAL: grpc.StatusCode.INTERNAL}
+
+
+def _retry_metadata(seconds: int) -> tuple[tuple[str, bytes], ...]:
+    return ((RETRY_INFO_KEY, RetryInfo(retry_delay=Duration(seconds=seconds)).SerializeToString()),)
+
+
+def authorization(metadata: tuple[tuple[str, str | bytes], ...]) -> str | None:
+    """The `authorization` metadata value (gRPC lower-cases keys), for pipeline.ingest.auth."""
+    for name, value in metadata:
+        if name.lower() == "authorization" and isinstance(value, str):
+            return value
+    return None
+
+
+class TraceIngest:
+    """The TraceService/Export handler. Requests arrive as raw bytes and are decoded once."""
+
+    def export(self, body: bytes, context: grpc.ServicerContext) -> ExportTraceServiceResponse:
+        close_old_connections()
+        try:
+            outcome = service.ingest(IngestRequest(
+                source="grpc", body=body, authorization=authorization(tuple(context.invocation_metadata()))
+            ))
+        finally:
+            close_old_connections()
+        if isinstance(outcome, Failed):
+            if outcome.retry_after:
+                context.set_trailing_metadata(_retry_metadata(outcome.retry_after))
+            context.abort(STATUS_CODE[outcome.kind], outcome.message)
+        if isinstance(outcome, Rejected):
+            return ExportTraceServiceResponse(partial_success=ExportTracePartialSuccess(
+                rejected_spans=outcome.rejected, error_message=outcome.message))
+        return ExportTraceServiceResponse()
+
+
+def build_server(
+    host: str = "127.0.0.1", port: int | None = None, workers: int = 4, *, tls: tuple[bytes, bytes] | None = None
+) -> tuple[grpc.Server, int]:
+    """A gRPC server, not yet started, and the port it bound (useful with port 0).
+
+    `tls` = (certificate chain PEM, private key PEM) serves TLS: API keys travel in metadata, so
+    anything but a loopback address should only ever be served that way.
+    """
+    max_bytes = ctxlens_config().max_ingest_bytes
+    server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="otlp-grpc"),
+        options=[
+            ("grpc.max_receive_message_length", max_bytes + RECEIVE_SLACK_BYTES),
+            ("grpc.max_send_message_length", 4 * 1024 * 1024),
+        ],
+        maximum_concurrent_rpcs=workers * 16,
+    )
+    handler = grpc.method_handlers_generic_handler(
+        SERVICE,
+        {
+            "Export": grpc.unary_unary_rpc_method_handler(
+                TraceIngest().export,
+                request_deserializer=None,  # raw bytes: decode_traces_protobuf parses them once
+                response_serializer=ExportTraceServiceResponse.SerializeToString,
+            )
+        },
+    )
+    server.add_generic_rpc_handlers((handler,))
+    if port is None:
+        port = ctxlens_config().otlp_grpc_port or DEFAULT_PORT
+    address = f"{host}:{port}"
+    if tls is None:
+        bound = server.add_insecure_port(address)
+    else:
+        certificate, key = tls
+        bound = server.add_secure_port(address, grpc.ssl_server_credentials([(key, certificate)]))
+    if bound == 0:
+        raise OSError(f"could not listen on {host}:{port}")
+    return server, bound
