@@ -2,7 +2,8 @@
 
 What goes:
 - conversations whose last activity is before the cutoff, with every row that belongs to
-  them (rounds, LLM and tool calls, compressions, skill activations, spans, artifacts);
+  them (rounds, LLM and tool calls, compressions, skill activations, spans, artifacts), except
+  artifacts that tool calls of other conversations still use: those pass to their latest user;
 - spans that belong to no conversation and started before the cutoff;
 - artifacts past their expiry time (their files go when the deletion commits);
 - OTLP log records (SpanLog) received before the cutoff.
@@ -20,7 +21,7 @@ from dataclasses import dataclass, field
 from django.db import models, transaction
 from django.utils import timezone
 
-from pipeline.artifact_cleanup import delete_expired_artifacts
+from pipeline.artifacts.cleanup import delete_artifacts, delete_expired_artifacts
 from pipeline.conf import ctxlens_config
 from pipeline.models import (
     Artifact,
@@ -108,7 +109,7 @@ def prune(
         result.spans = Span.objects.filter(conversation__in=ids).count() + orphan_spans.count()
         result.artifacts = Artifact.objects.filter(
             models.Q(conversation__in=ids) | models.Q(expires_at__lte=now)
-        ).count()
+        ).unused(besides=ToolCall.objects.filter(conversation__in=ids)).count()
         result.other_rows = sum(
             model.objects.filter(conversation__in=ids).count()
             for model, _ in _CONVERSATION_CHILDREN
@@ -128,7 +129,13 @@ def prune(
             rows = model.objects.filter(
                 conversation_id__in=conversation_ids, conversation__last_activity_at__lt=result.cutoff
             )
-            deleted, batches = delete_in_batches(rows, batch_size)
+            if model is Artifact:
+                pks = list(rows.order_by("pk").values_list("pk", flat=True))
+                deleted, _, batches = delete_artifacts(pks, batch_size=batch_size,
+                                                       conversation__last_activity_at__lt=result.cutoff)
+                batches += _hand_over_used_artifacts(conversation_ids, result.cutoff)
+            else:
+                deleted, batches = delete_in_batches(rows, batch_size)
             _count(result, model, deleted)
             result.batches += batches
         with transaction.atomic():
@@ -152,6 +159,19 @@ def prune(
     result.other_rows += deleted
     result.batches += batches
     return result
+
+
+def _hand_over_used_artifacts(conversation_ids: list[int], cutoff: dt.datetime) -> int:
+    """Give the artifacts of the pruned conversations that tool calls still use (content-addressed,
+    so a later conversation may link the one an older one stored) to the latest of their users,
+    so they go when their users go instead of staying without an owner. Returns the batches."""
+    latest_user = ToolCall.objects.filter(artifact_id=models.OuterRef("pk")).order_by("-started_at", "-pk")
+    kept = Artifact.objects.filter(conversation_id__in=conversation_ids, conversation__last_activity_at__lt=cutoff)
+    if not kept.exists():
+        return 0
+    with transaction.atomic():
+        kept.update(conversation_id=models.Subquery(latest_user.values("conversation_id")[:1]))
+    return 1
 
 
 def _count(result: PruneResult, model: type[models.Model], deleted: int) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.core.management.base import BaseCommand, CommandParser
 
-from pipeline.artifact_cleanup import cleanup_artifacts
+from pipeline.artifacts.cleanup import cleanup_artifacts
 
 
 class Command(BaseCommand):

@@ -16,10 +16,11 @@ import time
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from tqdm import tqdm
 
-from pipeline.export import spans_to_request
-from pipeline.export_job import Checkpoint, batches, after, find_conversation, parse_since, redact_url, select_spans
-from pipeline.otlp_client import PROTOCOLS, ExportError, OtlpClient
-from pipeline.tracing import parse_header_options
+from pipeline.export.encode import spans_to_request
+from pipeline.export.job import Checkpoint, batches, after, find_conversation, parse_since, redact_url, select_spans
+from pipeline.runtime.telemetry.otlp_client import PROTOCOLS, OtlpClient
+from pipeline.runtime.telemetry.otlp_outcome import ExportError
+from pipeline.runtime.telemetry.config import parse_header_options
 
 
 class Command(BaseCommand):

@@ -15,19 +15,20 @@ from django.db import transaction
 from django.urls import reverse
 from django.utils import timezone
 
-from pipeline.artifacts import (
+from pipeline.artifacts.store import (
     ArtifactError,
     ArtifactNotFound,
     ArtifactStorageError,
     InvalidArtifactId,
+    ServerArtifactStore,
     open_artifact,
     read_artifact,
     store_artifact,
 )
-from pipeline.artifact_tool import read_artifact_tool
+from pipeline.runtime.artifact_tool import read_artifact_tool
 from pipeline.models import Artifact, Conversation
-from pipeline.protocol import ToolErrorType
-from pipeline.tools import DeadlineExceeded, ToolExecutor, run_with_deadline
+from pipeline.runtime.protocol import ToolErrorType
+from pipeline.runtime.executor import DeadlineExceeded, ToolExecutor, run_with_deadline
 
 pytestmark = pytest.mark.django_db
 
@@ -147,7 +148,8 @@ def test_a_full_disk_turns_into_a_failed_tool_result(full_disk):
     def export(query: str = "") -> str:
         return "x" * (256 * 1024)
 
-    result = ToolExecutor([export]).execute_tool_call({"id": "call_1", "name": "export", "args": {}}, output_level="full")
+    executor = ToolExecutor([export], artifact_store=ServerArtifactStore())
+    result = executor.execute_tool_call({"id": "call_1", "name": "export", "args": {}}, output_level="full")
     assert not result.success
     assert result.error_type is ToolErrorType.INTERNAL
     assert "artifact storage is full" in result.content
@@ -256,7 +258,8 @@ def test_something_other_than_a_regular_file_is_refused_at_once(artifact_dir, ki
     path = artifact_dir / artifact_id
     path.mkdir() if kind == "directory" else os.mkfifo(path)
     try:
-        for read in (read_artifact, open_artifact):
+        row = Artifact.objects.get(artifact_id=artifact_id)
+        for read in (read_artifact, lambda _: open_artifact(row)):
             # A FIFO opened for reading would block until a writer came; the deadline makes a hang fail.
             with pytest.raises(ArtifactNotFound):
                 run_with_deadline(lambda: read(artifact_id), timeout_ms=5000)
@@ -280,6 +283,27 @@ def test_unknown_and_expired_artifacts_are_not_found(artifact_dir):
             read_artifact(row.artifact_id)
 
 
+def test_a_hard_link_planted_under_an_artifacts_name_is_never_served(client, alice, artifact_dir, tmp_path):
+    """A hard link passes every fence a symlink does not (a regular file, directly in the sandbox):
+    only the row's size and sha256 tell it apart. The admin download and the API both refuse it."""
+    row = store_artifact(REPORT)
+    secret = artifact_dir.parent / "secret.txt"  # same filesystem: a hard link needs one
+    secret.write_text("database password hunter2")
+    sandbox_file = artifact_dir / row.artifact_id
+    sandbox_file.unlink()
+    os.link(secret, sandbox_file)
+
+    with pytest.raises(ArtifactError, match="integrity"):
+        open_artifact(row)
+    client.force_login(alice)
+    admin_download = client.get(reverse("admin:pipeline_artifact_download", args=[row.pk]))
+    api_download = client.get(f"/api/artifacts/{row.artifact_id}/content")
+    for response in (admin_download, api_download):
+        assert response.status_code == 404
+        body = b"".join(response.streaming_content) if response.streaming else response.content
+        assert b"hunter2" not in body and str(tmp_path).encode() not in body
+
+
 def test_a_tampered_file_fails_the_integrity_check(artifact_dir):
     row = store_artifact(REPORT)
     (artifact_dir / row.artifact_id).write_text(REPORT.replace("north", "NORTH"))
@@ -289,7 +313,7 @@ def test_a_tampered_file_fails_the_integrity_check(artifact_dir):
 
 def test_the_model_reads_an_artifact_through_the_tool_a_window_at_a_time(artifact_dir):
     row = store_artifact(REPORT)
-    executor = ToolExecutor([read_artifact_tool(max_chars=100)])
+    executor = ToolExecutor([read_artifact_tool(ServerArtifactStore(), max_chars=100)])
     call = {"id": "call_r1", "name": "read_artifact", "args": {"artifact_id": row.artifact_id, "offset": 14}}
     result = executor.execute_tool_call(call, timeout_ms=None, output_level="full")
     assert result.success and result.artifact_id is None
@@ -299,7 +323,7 @@ def test_the_model_reads_an_artifact_through_the_tool_a_window_at_a_time(artifac
 
 
 def test_the_read_tool_reports_bad_and_unknown_ids_as_tool_errors(artifact_dir):
-    executor = ToolExecutor([read_artifact_tool()])
+    executor = ToolExecutor([read_artifact_tool(ServerArtifactStore())])
     bad = executor.execute_tool_call({"id": "c1", "name": "read_artifact", "args": {"artifact_id": "../etc/passwd"}}, timeout_ms=None)
     missing = executor.execute_tool_call({"id": "c2", "name": "read_artifact", "args": {"artifact_id": "artifact_" + HEX}}, timeout_ms=None)
     assert (bad.error_type, missing.error_type) == (ToolErrorType.INVALID_INPUT, ToolErrorType.NOT_FOUND)

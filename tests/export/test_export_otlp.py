@@ -1,7 +1,7 @@
 """`manage.py export_otlp`: stored traces out to any OTLP endpoint, with their original ids.
 
 The round trip: an agent's spans go into this ctxlens through the real OTel exporter and a
-live daphne, `export_otlp` sends them to a second ctxlens (its own daphne or gRPC server on
+live uvicorn, `export_otlp` sends them to a second ctxlens (its own uvicorn or gRPC server on
 its own migrated SQLite database), and every record the second one stores is compared field
 by field with the first.
 """
@@ -19,7 +19,7 @@ from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExport
 from opentelemetry.sdk.trace.export import SpanExportResult
 
 from pipeline.ingest.records import SpanRecord
-from pipeline.ingest.store import store_spans
+from pipeline.ingest.write.store import store_spans
 from pipeline.models import ApiKey, Span
 from tests.agent_traces import record_turns, span_count
 from tests.otlp_servers import migrated_template, second_ctxlens
@@ -41,8 +41,8 @@ def second(template_db, tmp_path, transactional_db):
     servers = []
     other.started = servers
 
-    def daphne(port: int | None = None, **env: str):
-        server = other.daphne(env, port=port)
+    def uvicorn(port: int | None = None, **env: str):
+        server = other.uvicorn(env, port=port)
         servers.append(server)
         return server
 
@@ -51,7 +51,7 @@ def second(template_db, tmp_path, transactional_db):
         servers.append(server)
         return server
 
-    other.start_daphne, other.start_grpc = daphne, grpc
+    other.start_uvicorn, other.start_grpc = uvicorn, grpc
     yield other
     for server in servers:
         server.stop()
@@ -63,10 +63,10 @@ def checkpoint_dir(settings, tmp_path) -> Path:
     return settings.DATA_DIR / "export-checkpoints"
 
 
-def ingest_here(live_daphne, conversation: str, turns: int = 2) -> None:
+def ingest_here(live_uvicorn, conversation: str, turns: int = 2) -> None:
     """Spans into this ctxlens the way an agent sends them: the OTel HTTP exporter to /v1/traces."""
     key = ApiKey.generate("agent", scope="ingest")[1]
-    exporter = OTLPSpanExporter(endpoint=f"{live_daphne.url}/v1/traces", headers={"Authorization": f"Bearer {key}"})
+    exporter = OTLPSpanExporter(endpoint=f"{live_uvicorn.url}/v1/traces", headers={"Authorization": f"Bearer {key}"})
     assert exporter.export(record_turns(conversation, turns=turns)) == SpanExportResult.SUCCESS
 
 
@@ -100,11 +100,11 @@ def wait_until_equal(second, here: dict, seconds: float = 30) -> dict:
 
 
 @pytest.mark.parametrize("protocol", ["http/protobuf", "http/json", "grpc"])
-def test_a_round_trip_to_a_second_ctxlens_keeps_every_record(live_daphne, second, protocol):
-    ingest_here(live_daphne, "round-trip", turns=2)
+def test_a_round_trip_to_a_second_ctxlens_keeps_every_record(live_uvicorn, second, protocol):
+    ingest_here(live_uvicorn, "round-trip", turns=2)
     here = settled(snapshot)
     assert len(here["Span"]) == span_count(turns=2) and len(here["ToolCall"]) == 4
-    target = second.start_grpc() if protocol == "grpc" else second.start_daphne()
+    target = second.start_grpc() if protocol == "grpc" else second.start_uvicorn()
 
     out = export("--endpoint", target.url, "--protocol", protocol, "--batch", "5",
                  "--header", f"Authorization=Bearer {second.key()}")
@@ -116,22 +116,22 @@ def test_a_round_trip_to_a_second_ctxlens_keeps_every_record(live_daphne, second
     assert {(s["trace_id"], s["span_id"]) for s in there["Span"]} == set(Span.objects.values_list("trace_id", "span_id"))
 
 
-def test_it_resumes_after_the_last_span_the_endpoint_accepted(live_daphne, second, checkpoint_dir):
-    ingest_here(live_daphne, "resumable", turns=2)
+def test_it_resumes_after_the_last_span_the_endpoint_accepted(live_uvicorn, second, checkpoint_dir):
+    ingest_here(live_uvicorn, "resumable", turns=2)
     total = span_count(turns=2)
     key = second.key()
-    # A budget of 3.6 spans an hour: the second endpoint takes two batches of 2, then answers 503.
-    throttled = second.start_daphne(CTXLENS_INGEST_RATE_LIMIT="0.001", CTXLENS_INGEST_RATE_WINDOW="3600")
+    # A bucket of 3.6 spans an hour: the second endpoint takes two batches of 2, then answers 429.
+    throttled = second.start_uvicorn(CTXLENS_INGEST_RATE_LIMIT="0.001", CTXLENS_INGEST_RATE_WINDOW="3600")
     args = ("--endpoint", throttled.url, "--batch", "2", "--header", f"Authorization=Bearer {key}")
 
-    with pytest.raises(CommandError, match="HTTP 503.*4 spans delivered.*run the same command again to resume"):
+    with pytest.raises(CommandError, match="HTTP 429.*4 spans delivered.*run the same command again to resume"):
         export(*args, "--retries", "0")
     [checkpoint] = checkpoint_dir.glob("*.json")
     saved = json.loads(checkpoint.read_text())
     assert saved["exported"] == 4 and "Bearer" not in checkpoint.read_text()
 
     throttled.stop()
-    second.start_daphne(port=throttled.port)  # the same endpoint, now without a limit
+    second.start_uvicorn(port=throttled.port)  # the same endpoint, now without a limit
     out = export(*args)
 
     assert f"exported {total - 4} spans" in out and "resumed from checkpoint" in out
@@ -140,13 +140,13 @@ def test_it_resumes_after_the_last_span_the_endpoint_accepted(live_daphne, secon
     assert "exported 0 spans" in export(*args)  # nothing new since
 
 
-def test_conversation_and_since_select_what_goes(live_daphne, second, capsys):
-    ingest_here(live_daphne, "wanted", turns=1)
-    ingest_here(live_daphne, "unwanted", turns=1)
+def test_conversation_and_since_select_what_goes(live_uvicorn, second, capsys):
+    ingest_here(live_uvicorn, "wanted", turns=1)
+    ingest_here(live_uvicorn, "unwanted", turns=1)
     store_spans([SpanRecord(trace_id="0a" * 16, span_id="0b" * 8, name="old span",
                             start_time_unix_nano=1_600_000_000_000_000_000,
                             end_time_unix_nano=1_600_000_000_500_000_000)])
-    target = second.start_daphne()
+    target = second.start_uvicorn()
     auth = f"Authorization=Bearer {second.key()}"
 
     export("--endpoint", target.url, "--conversation", "wanted", "--header", auth, progress=True)
@@ -161,9 +161,9 @@ def test_conversation_and_since_select_what_goes(live_daphne, second, capsys):
     assert "old span" not in {s["name"] for s in second.snapshot()["Span"]}
 
 
-def test_a_refused_export_says_why_and_keeps_no_checkpoint(live_daphne, second, checkpoint_dir):
-    ingest_here(live_daphne, "refused", turns=1)
-    target = second.start_daphne()
+def test_a_refused_export_says_why_and_keeps_no_checkpoint(live_uvicorn, second, checkpoint_dir):
+    ingest_here(live_uvicorn, "refused", turns=1)
+    target = second.start_uvicorn()
 
     with pytest.raises(CommandError, match="HTTP 401"):
         export("--endpoint", target.url, "--header", "Authorization=Bearer ctx_wrong")
@@ -192,9 +192,9 @@ def run_pipeline(telemetry) -> None:
     """Two turns of ctxlens's own agent loop: a scripted model, a tool that works and one that fails."""
     from langchain_core.tools import tool
 
-    from pipeline.agent import Agent
-    from pipeline.demo.fake_model import ScriptedChatModel, calls, tool_call
-    from pipeline.protocol import ToolError, ToolErrorType
+    from pipeline.runtime.agent import Agent
+    from pipeline.runtime.demo.fake_model import ScriptedChatModel, calls, tool_call
+    from pipeline.runtime.protocol import ToolError, ToolErrorType
 
     @tool
     def lookup(key: str) -> str:
@@ -225,12 +225,13 @@ def without_artifact_links(records: dict) -> dict:
 
 @pytest.mark.parametrize("protocol", ["http/protobuf", "http/json", "grpc"])
 def test_the_pipeline_sends_its_spans_to_ctxlens_and_to_another_otlp_endpoint(second, artifact_dir, protocol):
-    from pipeline.telemetry import ObservabilityConfig, Telemetry
+    from pipeline.adapters import in_process_telemetry
+    from pipeline.runtime.telemetry.config import ObservabilityConfig
 
-    target = second.start_grpc() if protocol == "grpc" else second.start_daphne()
-    config = ObservabilityConfig(in_process=True, otlp_endpoint=target.url, otlp_protocol=protocol,
+    target = second.start_grpc() if protocol == "grpc" else second.start_uvicorn()
+    config = ObservabilityConfig(otlp_endpoint=target.url, otlp_protocol=protocol,
                                  otlp_headers={"Authorization": f"Bearer {second.key()}"})
-    telemetry = Telemetry.from_config(config)
+    telemetry = in_process_telemetry(config)
     run_pipeline(telemetry)
     telemetry.shutdown()
 
@@ -241,14 +242,15 @@ def test_the_pipeline_sends_its_spans_to_ctxlens_and_to_another_otlp_endpoint(se
 
 def test_the_demo_agent_reaches_another_otlp_endpoint_record_for_record(second, artifact_dir):
     """The whole demo (compressions, skills, artifacts, retries), over OTLP/HTTP JSON."""
-    from pipeline.demo.scenario import run_demo
-    from pipeline.telemetry import ObservabilityConfig, Telemetry
+    from pipeline.adapters import in_process_telemetry, tool_adapters
+    from pipeline.runtime.demo.scenario import run_demo
+    from pipeline.runtime.telemetry.config import ObservabilityConfig
 
-    target = second.start_daphne()
-    config = ObservabilityConfig(in_process=True, otlp_endpoint=target.url, otlp_protocol="http/json",
+    target = second.start_uvicorn()
+    config = ObservabilityConfig(otlp_endpoint=target.url, otlp_protocol="http/json",
                                  otlp_headers={"Authorization": f"Bearer {second.key()}"})
-    telemetry = Telemetry.from_config(config)
-    run_demo(telemetry)
+    telemetry = in_process_telemetry(config)
+    run_demo(telemetry, **tool_adapters())
     telemetry.shutdown()
 
     here = without_artifact_links(settled(snapshot))

@@ -10,7 +10,7 @@ import pytest
 import time_machine
 from django.core.management import call_command
 
-from pipeline.artifacts import read_artifact, store_artifact
+from pipeline.artifacts.store import read_artifact, store_artifact
 from pipeline.models import Artifact
 
 # Files of deleted rows go when the deletion commits, so these tests commit for real.
@@ -114,7 +114,7 @@ def test_dry_run_reports_the_same_counts_and_changes_nothing(settings, artifact_
 
 
 def test_a_row_used_again_during_cleanup_is_not_evicted(settings, artifact_dir):
-    from pipeline.artifact_cleanup import cleanup_artifacts
+    from pipeline.artifacts.cleanup import cleanup_artifacts
 
     settings.CTXLENS_ARTIFACT_MAX_TOTAL_BYTES = 0
     with time_machine.travel(START, tick=False) as traveller:
@@ -148,7 +148,7 @@ def test_an_operator_applies_retention_from_the_admin(client, alice, artifact_di
 
 
 def test_expired_artifacts_go_in_short_batches_for_prune_and_the_admin_too(artifact_dir):
-    from pipeline.artifact_cleanup import delete_expired_artifacts
+    from pipeline.artifacts.cleanup import delete_expired_artifacts
 
     with time_machine.travel(START, tick=False) as traveller:
         expired = [store_artifact(f"old {n} " * 100, ttl_hours=1) for n in range(5)]
@@ -157,3 +157,28 @@ def test_expired_artifacts_go_in_short_batches_for_prune_and_the_admin_too(artif
         deleted = delete_expired_artifacts(batch_size=2)
     assert (deleted.count, deleted.size, deleted.batches) == (5, sum(a.size for a in expired), 3)
     assert names(artifact_dir) == {fresh.artifact_id}
+
+
+def test_expired_and_least_recently_used_artifacts_stay_while_a_tool_call_uses_them(settings, artifact_dir):
+    from datetime import datetime
+
+    from pipeline.models import Conversation, ToolCall
+
+    settings.CTXLENS_ARTIFACT_MAX_TOTAL_BYTES = 1500
+    with time_machine.travel(START, tick=False) as traveller:
+        used_expired = store_artifact("u" * 1000, ttl_hours=1)
+        used_old = store_artifact("o" * 1000, ttl_hours=48)
+        traveller.shift(60)
+        unused = store_artifact("n" * 1000, ttl_hours=48)
+        now = datetime.fromisoformat(START)
+        conversation = Conversation.objects.create(external_id="current", started_at=now, last_activity_at=now)
+        for n, artifact in enumerate((used_expired, used_old)):
+            ToolCall.objects.create(conversation=conversation, trace_id="7" * 32, span_id=f"{n + 1:016x}",
+                                    started_at=now, tool_name="search", artifact=artifact)
+        traveller.shift(timedelta(hours=2))
+        dry = run("--dry-run")
+        line = run()
+    assert dry == "cleanup_artifacts (dry run): expired 0, evicted 1 (1000 B), orphans 0, kept 2 (2.0 KB)"
+    assert line == "cleanup_artifacts: expired 0, evicted 1 (1000 B), orphans 0, kept 2 (2.0 KB)"
+    assert names(artifact_dir) == {used_expired.artifact_id, used_old.artifact_id}
+    assert not Artifact.objects.filter(pk=unused.pk).exists()

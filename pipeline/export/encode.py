@@ -2,18 +2,16 @@
 
 `spans_to_request()` rebuilds what arrived: trace/span/parent ids, times, kind, status,
 attributes, events, links, resource and instrumentation scope, with spans grouped by
-resource and scope as an SDK would. `request_to_json()` gives the OTLP/HTTP JSON encoding
+resource and scope as an SDK would. `pipeline.runtime.telemetry.otlp_json.request_to_json()` gives the OTLP/HTTP JSON encoding
 (hex ids, integer enums, camelCase), which `google.protobuf.json_format` alone gets wrong.
 """
 
 from __future__ import annotations
 
-import base64
 import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from google.protobuf import json_format
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, InstrumentationScope, KeyValue
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
@@ -134,23 +132,3 @@ def spans_to_request(spans: Iterable[Span]) -> ExportTraceServiceRequest:
             )
         request.resource_spans.append(resource_spans)
     return request
-
-
-def _b64_to_hex(value: str) -> str:
-    return base64.b64decode(value).hex()
-
-
-def request_to_json(request: ExportTraceServiceRequest) -> bytes:
-    """The OTLP/HTTP JSON body: ids as hex (the spec's deviation from proto3 JSON), enums as integers."""
-    body = json_format.MessageToDict(request, use_integers_for_enums=True)
-    for resource_spans in body.get("resourceSpans", []):
-        for scope_spans in resource_spans.get("scopeSpans", []):
-            for span in scope_spans.get("spans", []):
-                for field in ("traceId", "spanId", "parentSpanId"):
-                    if field in span:
-                        span[field] = _b64_to_hex(span[field])
-                for link in span.get("links", []):
-                    for field in ("traceId", "spanId"):
-                        if field in link:
-                            link[field] = _b64_to_hex(link[field])
-    return json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode()

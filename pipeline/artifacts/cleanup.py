@@ -1,5 +1,7 @@
 """Artifact retention: the TTL, the total-size cap (least recently used first) and orphan files.
 
+An artifact a tool call uses is kept by all of them, whoever stored it first (issue #10).
+
 `cleanup_artifacts()` is what `manage.py cleanup_artifacts` (run by cron or a systemd timer)
 and the admin call; `delete_expired_artifacts()` is its TTL step alone, which `manage.py prune`
 and the admin's "delete expired" action use too. Rows are deleted in short transactions; their
@@ -20,10 +22,10 @@ from django.db import transaction
 from django.db.models import Count, Sum
 from django.utils import timezone
 
-from pipeline.artifacts import TEMP_PREFIX, sandbox_dir
+from pipeline.artifacts.store import TEMP_PREFIX, sandbox_dir
 from pipeline.conf import ctxlens_config
 from pipeline.models import Artifact
-from pipeline.models.artifacts import ARTIFACT_ID_RE
+from pipeline.runtime.artifacts import ARTIFACT_ID_RE
 
 ORPHAN_GRACE = timedelta(minutes=10)
 BATCH = 500
@@ -65,13 +67,21 @@ class Deleted(NamedTuple):
     batches: int  # transactions
 
 
-def _delete(pks: list[int], gone: set[str], batch_size: int = BATCH, **still: object) -> Deleted:
-    """Delete rows by pk that still match `still`, `batch_size` per transaction, adding their ids to `gone`."""
+def delete_artifacts(pks: list[int], gone: set[str] | None = None, batch_size: int = BATCH, **still: object) -> Deleted:
+    """Delete rows by pk that still match `still` and that no tool call uses, `batch_size` per
+    transaction, adding their ids to `gone`.
+
+    The rows are locked before their users are looked for: an ingest that is linking a tool call
+    to one of them holds a key-share lock on it until it commits, so the look happens after
+    that, and a link made later waits for this delete (and then finds no artifact).
+    """
+    gone = set() if gone is None else gone
     count = size = batches = 0
     for start in range(0, len(pks), batch_size):
         with transaction.atomic():
-            rows = Artifact.objects.select_for_update().filter(pk__in=pks[start : start + batch_size], **still)
-            chunk = list(rows.values_list("pk", "size", "artifact_id"))
+            locked = list(Artifact.objects.select_for_update(of=("self",))
+                          .filter(pk__in=pks[start : start + batch_size], **still).values_list("pk", flat=True))
+            chunk = list(Artifact.objects.filter(pk__in=locked).unused().values_list("pk", "size", "artifact_id"))
             Artifact.objects.filter(pk__in=[pk for pk, _, _ in chunk]).delete()
         count += len(chunk)
         size += sum(s for _, s, _ in chunk)
@@ -84,10 +94,11 @@ def delete_expired_artifacts(
     now: datetime | None = None, *, batch_size: int = BATCH, gone: set[str] | None = None
 ) -> Deleted:
     """Delete the artifacts past their expiry at `now`, in short transactions; a row whose expiry
-    was pushed out meanwhile (the same content stored again) stays. Files go on commit."""
+    was pushed out meanwhile (the same content stored again), or that a tool call uses, stays.
+    Files go on commit."""
     now = now or timezone.now()
-    pks = list(Artifact.objects.expired(now).order_by("pk").values_list("pk", flat=True))
-    return _delete(pks, set() if gone is None else gone, batch_size, expires_at__lte=now)
+    pks = list(Artifact.objects.expired(now).unused().order_by("pk").values_list("pk", flat=True))
+    return delete_artifacts(pks, gone, batch_size, expires_at__lte=now)
 
 
 def _orphan_files(known: set[str], now: datetime) -> list[str]:
@@ -117,15 +128,16 @@ def cleanup_artifacts(
 
     expired_pks: set[int] = set()
     if dry_run:
-        expired = list(Artifact.objects.expired(now).values_list("pk", "size"))
+        expired = list(Artifact.objects.expired(now).unused().values_list("pk", "size"))
         expired_pks = {pk for pk, _ in expired}
         report.expired, report.expired_bytes = len(expired), sum(size for _, size in expired)
     else:
         report.expired, report.expired_bytes, _ = delete_expired_artifacts(now, gone=gone)
 
     live = Artifact.objects.exclude(pk__in=expired_pks) if dry_run else Artifact.objects.all()
-    lru = list(live.order_by("last_accessed_at", "created_at", "pk").values_list("pk", "size"))
-    total = sum(size for _, size in lru)
+    total = live.aggregate(size=Sum("size"))["size"] or 0
+    # Artifacts a tool call uses count towards the cap but are never evicted.
+    lru = list(live.unused().order_by("last_accessed_at", "created_at", "pk").values_list("pk", "size"))
     victims: list[int] = []
     for pk, size in lru:
         if total <= cap:
@@ -136,7 +148,7 @@ def cleanup_artifacts(
     report.evicted = len(victims)
     if victims and not dry_run:
         # Rows touched since `now` are in use again and stay.
-        report.evicted, report.evicted_bytes, _ = _delete(victims, gone, last_accessed_at__lte=now)
+        report.evicted, report.evicted_bytes, _ = delete_artifacts(victims, gone, last_accessed_at__lte=now)
 
     known = set(Artifact.objects.values_list("artifact_id", flat=True)) | gone
     orphans = _orphan_files(known, now)
