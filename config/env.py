@@ -1,69 +1,36 @@
-"""Read settings from the environment, failing loudly on values that do not parse."""
+"""Read settings from the environment, failing loudly on values that do not parse.
+
+The parsers are the runtime's (pipeline.runtime.env, which an agent uses without a server);
+here a bad value becomes ImproperlyConfigured, as Django expects of a settings module.
+"""
 
 from __future__ import annotations
 
-import os
+from collections.abc import Callable
+from functools import wraps
+from typing import TypeVar
 
 from django.core.exceptions import ImproperlyConfigured
 
-_TRUE = {"1", "true", "yes", "on"}
-_FALSE = {"0", "false", "no", "off", ""}
+from pipeline.runtime import env
+
+T = TypeVar("T")
 
 
-def env_str(name: str, default: str = "") -> str:
-    return os.environ.get(name, default)
+def _improperly_configured(parse: Callable[..., T]) -> Callable[..., T]:
+    @wraps(parse)
+    def wrapper(*args, **kwargs) -> T:
+        try:
+            return parse(*args, **kwargs)
+        except env.EnvError as exc:
+            raise ImproperlyConfigured(str(exc)) from None
+
+    return wrapper
 
 
-def env_bool(name: str, default: bool) -> bool:
-    raw = os.environ.get(name)
-    if raw is None:
-        return default
-    value = raw.strip().lower()
-    if value in _TRUE:
-        return True
-    if value in _FALSE:
-        return False
-    raise ImproperlyConfigured(f"{name} must be a boolean (1/0, true/false), got {raw!r}")
-
-
-def env_int(name: str, default: int) -> int:
-    raw = os.environ.get(name)
-    if raw is None or raw.strip() == "":
-        return default
-    try:
-        return int(raw.strip().replace("_", ""))
-    except ValueError:
-        raise ImproperlyConfigured(f"{name} must be an integer, got {raw!r}") from None
-
-
-def env_float(name: str, default: float) -> float:
-    raw = os.environ.get(name)
-    if raw is None or raw.strip() == "":
-        return default
-    try:
-        return float(raw)
-    except ValueError:
-        raise ImproperlyConfigured(f"{name} must be a number, got {raw!r}") from None
-
-
-def env_list(name: str, default: list[str]) -> list[str]:
-    raw = os.environ.get(name)
-    if raw is None:
-        return default
-    return [item.strip() for item in raw.split(",") if item.strip()]
-
-
-def env_dict(name: str, default: dict[str, str]) -> dict[str, str]:
-    """`key=value,key2=value2` from the environment; a pair without `=` is a configuration error."""
-    raw = os.environ.get(name)
-    if raw is None or raw.strip() == "":
-        return dict(default)
-    result: dict[str, str] = {}
-    for item in raw.split(","):
-        if not item.strip():
-            continue
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip() or not value.strip():
-            raise ImproperlyConfigured(f"{name} must look like 'key=value,key2=value2', got {raw!r}")
-        result[key.strip()] = value.strip()
-    return result
+env_str = env.env_str
+env_bool = _improperly_configured(env.env_bool)
+env_int = _improperly_configured(env.env_int)
+env_float = _improperly_configured(env.env_float)
+env_list = env.env_list
+env_dict = _improperly_configured(env.env_dict)

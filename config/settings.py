@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import secrets
+from datetime import timedelta
 from pathlib import Path
 
 import dj_database_url
@@ -33,7 +34,8 @@ def _secret_key() -> str:
 
 
 SECRET_KEY = _secret_key()
-DEBUG = env_bool("DEBUG", True)
+# Off unless asked for: a DEBUG server shows a traceback (settings, local variables) for any 500.
+DEBUG = env_bool("DEBUG", False)
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["127.0.0.1", "localhost", "[::1]"])
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
 
@@ -45,6 +47,7 @@ INSTALLED_APPS = [
     "django.contrib.sessions",
     "django.contrib.messages",
     "django.contrib.staticfiles",
+    "axes",
     "channels",
     "rest_framework",
     "drf_spectacular",
@@ -60,6 +63,8 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    # Last: turns a locked-out login into dashboard.views.login.lockout_response.
+    "axes.middleware.AxesMiddleware",
 ]
 
 ROOT_URLCONF = "config.urls"
@@ -132,6 +137,20 @@ AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
     {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
 ]
+# Login throttling (django-axes, dashboard/views/login.py): failures per user name and per client
+# address are counted in the database (shared by every worker, and a lock's end is judged against the
+# clock, not a cache entry's expiry); at the limit within the window both are refused until it ends.
+AUTHENTICATION_BACKENDS = ["axes.backends.AxesStandaloneBackend", "django.contrib.auth.backends.ModelBackend"]
+CTXLENS_LOGIN_FAILURE_LIMIT = env_int("CTXLENS_LOGIN_FAILURE_LIMIT", 5)
+CTXLENS_LOGIN_LOCKOUT_MINUTES = env_int("CTXLENS_LOGIN_LOCKOUT_MINUTES", 15)
+AXES_HANDLER = "axes.handlers.database.AxesDatabaseHandler"
+AXES_DISABLE_ACCESS_LOG = True  # count failures only: no table of every successful log-in to prune
+AXES_FAILURE_LIMIT = CTXLENS_LOGIN_FAILURE_LIMIT
+AXES_COOLOFF_TIME = timedelta(minutes=CTXLENS_LOGIN_LOCKOUT_MINUTES)
+AXES_LOCKOUT_PARAMETERS = ["username", "ip_address"]
+AXES_RESET_ON_SUCCESS = True
+AXES_CLIENT_IP_CALLABLE = "dashboard.views.login.client_address"
+AXES_LOCKOUT_CALLABLE = "dashboard.views.login.lockout_response"
 LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "/"
 LOGOUT_REDIRECT_URL = "login"
@@ -144,6 +163,25 @@ USE_TZ = True
 STATIC_URL = "static/"
 STATICFILES_DIRS = [BASE_DIR / "static"]
 STATIC_ROOT = DATA_DIR / "staticfiles"
+# WhiteNoise serves STATIC_ROOT (filled by `manage.py collectstatic`, which `make run` runs) from
+# the ASGI app itself (config/staticfiles.py): hashed names cached for a year, gzip/brotli copies.
+# With DEBUG on it serves the source files through the finders, without collectstatic.
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {"BACKEND": "config.staticfiles.StaticFilesStorage"},
+}
+
+# --- behind a TLS-terminating proxy (README, Deployment) -------------------------------
+# CTXLENS_BEHIND_TLS_PROXY=1: trust the proxy's X-Forwarded-Proto and send the session and
+# CSRF cookies over HTTPS only. HSTS is sent on HTTPS responses once SECURE_HSTS_SECONDS > 0.
+CTXLENS_BEHIND_TLS_PROXY = env_bool("CTXLENS_BEHIND_TLS_PROXY", False)
+if CTXLENS_BEHIND_TLS_PROXY:
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+    SESSION_COOKIE_SECURE = True
+    CSRF_COOKIE_SECURE = True
+SECURE_HSTS_SECONDS = env_int("SECURE_HSTS_SECONDS", 0)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", False)
+SECURE_HSTS_PRELOAD = env_bool("SECURE_HSTS_PRELOAD", False)
 
 REST_FRAMEWORK = {
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
@@ -157,7 +195,7 @@ SPECTACULAR_SETTINGS = {
     "SERVE_INCLUDE_SCHEMA": False,
     "ENUM_NAME_OVERRIDES": {
         "RecordStatusEnum": "pipeline.models.conversations.Status",
-        "EventStatusEnum": "pipeline.ingest.rest.STATUS_CHOICES",
+        "EventStatusEnum": "pipeline.ingest.decode.rest_schema.STATUS_CHOICES",
     },
 }
 
@@ -166,7 +204,7 @@ LOGGING = {
     "disable_existing_loggers": False,
     "handlers": {"console": {"class": "logging.StreamHandler"}},
     "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
-    "loggers": {"django.channels.server": {"level": "WARNING"}},
+    "loggers": {"django.channels.server": {"level": "WARNING"}, "axes": {"level": "WARNING"}},
 }
 
 # --- ctxlens tunables (read through pipeline.conf.ctxlens_config()) --------------------
@@ -177,6 +215,10 @@ CTXLENS_ARTIFACT_MAX_TOTAL_BYTES = env_int("CTXLENS_ARTIFACT_MAX_TOTAL_BYTES", 1
 CTXLENS_SKILLS_DIR = Path(env_str("CTXLENS_SKILLS_DIR", str(BASE_DIR / "skills"))).resolve()
 CTXLENS_COMPRESSION_THRESHOLD = env_float("CTXLENS_COMPRESSION_THRESHOLD", 0.8)
 CTXLENS_MAX_INGEST_BYTES = env_int("CTXLENS_MAX_INGEST_BYTES", 64 * 1024 * 1024)
+# Request bodies this process holds at once, over all ingest requests; over it → 503 + Retry-After.
+CTXLENS_MAX_INFLIGHT_BYTES = env_int("CTXLENS_MAX_INFLIGHT_BYTES", 256 * 1024 * 1024)
+# Spans one ingest transaction stores at most; a larger OTLP request is stored in several, so it cannot hold the writer.
+CTXLENS_INGEST_CHUNK_SPANS = env_int("CTXLENS_INGEST_CHUNK_SPANS", 2000)
 CTXLENS_RETENTION_DAYS = env_int("CTXLENS_RETENTION_DAYS", 30)
 # Spans per second per ingest key, averaged over the window (0 = no limit); over it → 503 + Retry-After.
 CTXLENS_INGEST_RATE_LIMIT = env_float("CTXLENS_INGEST_RATE_LIMIT", 0.0)

@@ -16,7 +16,7 @@ from django.urls import reverse
 
 from dashboard.context_bars import ContextBar, context_bar, usage_series
 from dashboard.queries import HEAVY_COMPRESSION_FIELDS, HEAVY_LLM_FIELDS
-from pipeline.ingest.messages import message_text, tool_calls_of
+from pipeline.ingest.normalise.messages import message_text, tool_calls_of
 from pipeline.models import CompressionEvent, Conversation, LLMCall, Round, SkillActivation, ToolCall
 
 CHART_CALLS = 500  # the context chart shows at most this many (the latest) LLM calls

@@ -1,4 +1,5 @@
-"""Shared fixtures: named users, an artifact sandbox per test, and a real daphne server."""
+"""Shared fixtures: named users, an artifact sandbox per test, and real servers run the way
+`make run` runs them (uvicorn, DEBUG off, collected static files); daphne for its smoke test."""
 
 from __future__ import annotations
 
@@ -24,9 +25,18 @@ def django_db_setup(django_db_setup):
     """pytest-django's test databases; the ingest writer threads close their connections before
     the databases are dropped (PostgreSQL refuses to drop a database still in use)."""
     yield
-    from pipeline.ingest.writer import stop_writer
+    from pipeline.ingest.write.writer_threads import stop_writer
 
     stop_writer()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def collected_static() -> None:
+    """Static files collected as `make run` collects them (hashed, compressed, with a manifest):
+    pages render `{% static %}` through the manifest, and live servers serve STATIC_ROOT."""
+    from django.core.management import call_command
+
+    call_command("collectstatic", "--no-input", verbosity=0)
 
 
 @pytest.fixture(autouse=True)
@@ -101,25 +111,28 @@ class LiveServer:
         return self.log_path.read_text(errors="replace")
 
 
-def start_daphne(
-    tmp_dir: Path, extra_env: dict[str, str] | None = None, port: int | None = None, *, healthy: bool = True
-) -> LiveServer:
-    """Start `daphne config.asgi:application` on the test database and wait until /healthz
-    answers 200 (or, with healthy=False, answers at all)."""
-    port = port or free_port()
-    env = {**os.environ, "DATABASE_URL": test_database_url(), "DEBUG": "1", "PYTHONUNBUFFERED": "1"}
-    env.update(extra_env or {})
-    log_path = tmp_dir / f"daphne-{port}.log"
-    log = log_path.open("wb")
-    process = subprocess.Popen(
-        [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "config.asgi:application"],
-        cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
-    )
-    server = LiveServer(url=f"http://127.0.0.1:{port}", port=port, process=process, log_path=log_path)
-    deadline = time.monotonic() + 30
+SERVER_COMMANDS: dict[str, Callable[[int], list[str]]] = {
+    # The flags of `make run`.
+    "uvicorn": lambda port: [sys.executable, "-m", "uvicorn", "config.asgi:application", "--host", "127.0.0.1",
+                             "--port", str(port), "--lifespan", "off", "--log-level", "warning"],
+    "daphne": lambda port: [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
+                            "config.asgi:application"],
+}
+
+
+def server_env(extra_env: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment of a server process on this run's test database, with DEBUG off as shipped
+    (whatever the shell running the tests exports) unless `extra_env` sets it."""
+    inherited = {name: value for name, value in os.environ.items() if name != "DEBUG"}
+    return {**inherited, "DATABASE_URL": test_database_url(), "PYTHONUNBUFFERED": "1", **(extra_env or {})}
+
+
+def wait_healthy(server: LiveServer, *, healthy: bool = True, seconds: float = 30) -> LiveServer:
+    """Wait until /healthz answers 200 (or, with healthy=False, answers at all)."""
+    deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"daphne exited with {process.returncode}:\n{server.log()}")
+        if server.process.poll() is not None:
+            raise RuntimeError(f"the server exited with {server.process.returncode}:\n{server.log()}")
         try:
             with urllib.request.urlopen(f"{server.url}/healthz", timeout=5) as reply:
                 if reply.status == 200:
@@ -131,18 +144,46 @@ def start_daphne(
         except OSError:
             time.sleep(0.1)
     server.stop()
-    raise RuntimeError(f"daphne did not become healthy in 30 s:\n{server.log()}")
+    raise RuntimeError(f"the server did not become healthy in {seconds} s:\n{server.log()}")
+
+
+def start_server(
+    tmp_dir: Path, extra_env: dict[str, str] | None = None, port: int | None = None, *, healthy: bool = True,
+    kind: str = "uvicorn",
+) -> LiveServer:
+    """Start `uvicorn config.asgi:application` as `make run` does (or daphne, kind="daphne") on the
+    test database, and wait until /healthz answers."""
+    port = port or free_port()
+    log_path = tmp_dir / f"{kind}-{port}.log"
+    process = subprocess.Popen(
+        SERVER_COMMANDS[kind](port), cwd=ROOT, env=server_env(extra_env), stdout=log_path.open("wb"),
+        stderr=subprocess.STDOUT,
+    )
+    server = LiveServer(url=f"http://127.0.0.1:{port}", port=port, process=process, log_path=log_path)
+    return wait_healthy(server, healthy=healthy)
+
+
+def start_uvicorn(
+    tmp_dir: Path, extra_env: dict[str, str] | None = None, port: int | None = None, *, healthy: bool = True
+) -> LiveServer:
+    return start_server(tmp_dir, extra_env, port, healthy=healthy, kind="uvicorn")
+
+
+def start_daphne(
+    tmp_dir: Path, extra_env: dict[str, str] | None = None, port: int | None = None, *, healthy: bool = True
+) -> LiveServer:
+    return start_server(tmp_dir, extra_env, port, healthy=healthy, kind="daphne")
 
 
 @pytest.fixture
-def daphne_factory(transactional_db, tmp_path) -> Iterator[Callable[..., LiveServer]]:
-    """Start one or more daphne processes on the test database; all are stopped after the test."""
+def uvicorn_factory(transactional_db, tmp_path) -> Iterator[Callable[..., LiveServer]]:
+    """Start one or more uvicorn processes on the test database; all are stopped after the test."""
     servers: list[LiveServer] = []
 
     def factory(
         extra_env: dict[str, str] | None = None, port: int | None = None, *, healthy: bool = True
     ) -> LiveServer:
-        server = start_daphne(tmp_path, extra_env, port, healthy=healthy)
+        server = start_uvicorn(tmp_path, extra_env, port, healthy=healthy)
         servers.append(server)
         return server
 
@@ -152,27 +193,27 @@ def daphne_factory(transactional_db, tmp_path) -> Iterator[Callable[..., LiveSer
 
 
 @pytest.fixture
-def live_daphne(daphne_factory, artifact_dir) -> LiveServer:
-    """One daphne process serving the whole app on the test database."""
-    return daphne_factory({"CTXLENS_ARTIFACT_DIR": str(artifact_dir)})
+def live_uvicorn(uvicorn_factory, artifact_dir) -> LiveServer:
+    """One uvicorn process serving the whole app on the test database, as `make run` serves it."""
+    return uvicorn_factory({"CTXLENS_ARTIFACT_DIR": str(artifact_dir)})
 
 
 @pytest.fixture(scope="module")
-def otlp_daphne(django_db_setup, django_db_blocker, tmp_path_factory) -> Iterator[LiveServer]:
-    """A real daphne on the test database, shared by the tests of one module (start-up is slow)."""
+def otlp_uvicorn(django_db_setup, django_db_blocker, tmp_path_factory) -> Iterator[LiveServer]:
+    """A real uvicorn on the test database, shared by the tests of one module (start-up is slow)."""
     tmp = tmp_path_factory.mktemp("otlp-server")
     with django_db_blocker.unblock():
-        server = start_daphne(tmp, {"CTXLENS_ARTIFACT_DIR": str(tmp / "artifacts")})
+        server = start_uvicorn(tmp, {"CTXLENS_ARTIFACT_DIR": str(tmp / "artifacts")})
     yield server
     server.stop()
 
 
 @pytest.fixture
-def otlp_server(otlp_daphne, transactional_db) -> Iterator[LiveServer]:
-    """The module's daphne, for one test. What the server writes is visible to the test, and every
+def otlp_server(otlp_uvicorn, transactional_db) -> Iterator[LiveServer]:
+    """The module's uvicorn, for one test. What the server writes is visible to the test, and every
     table is emptied after it, once the server has finished the token counts it fills in after
     its replies (emptying the tables while it writes them deadlocks on PostgreSQL)."""
-    yield otlp_daphne
+    yield otlp_uvicorn
     from tests.otlp_support import wait_for_deferred_tokens
 
     wait_for_deferred_tokens()

@@ -7,6 +7,7 @@ page tests do not depend on a particular ingest path.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -203,45 +204,53 @@ def hostile(tag: str) -> str:
     return f"<img src=x id={tag} onerror=\"window.__xss='{tag}'\">"
 
 
-def make_hostile_conversation(artifact_dir: Path | None = None) -> Demo:
-    """A conversation in which every text that a span can set carries markup of its own."""
+def bidi(tag: str) -> str:
+    """`tag` after a right-to-left override (U+202E) that is never closed: shown without
+    isolation, it reverses the text that follows it on the page ("Invoice <RLO>fdp.exe" shows
+    as "Invoice exe.pdf")."""
+    return f"\u202e{tag}"
+
+
+def make_hostile_conversation(artifact_dir: Path | None = None, text: Callable[[str], str] = hostile) -> Demo:
+    """A conversation in which every text that a span can set carries markup of its own (or
+    whatever else `text(field)` gives, e.g. bidi controls: dashboard_fixtures.bidi)."""
     demo = make_conversation(
-        hostile("conv-id"), title=hostile("conv-title"), model=hostile("conv-model"), rounds=1,
-        artifact_dir=artifact_dir, observation=hostile("observation"),
+        text("conv-id"), title=text("conv-title"), model=text("conv-model"), rounds=1,
+        artifact_dir=artifact_dir, observation=text("observation"),
     )
     Conversation.objects.filter(pk=demo.conversation.pk).update(
-        agent_name=hostile("agent"), user_id=hostile("user-id"), service_name=hostile("service"))
+        agent_name=text("agent"), user_id=text("user-id"), service_name=text("service"))
     round_ = demo.rounds[0]
-    Round.objects.filter(pk=round_.pk).update(user_message=hostile("user-message"),
-                                              final_answer=hostile("final-answer"))
+    Round.objects.filter(pk=round_.pk).update(user_message=text("user-message"),
+                                              final_answer=text("final-answer"))
     LLMCall.objects.filter(pk=demo.llm_calls[0].pk).update(
-        model=hostile("llm-model"), provider=hostile("provider"), finish_reason=hostile("finish"),
-        status=Status.ERROR, error_type=hostile("llm-error-type"), error_message=hostile("llm-error"),
-        input_messages=[text_message(hostile("role"), hostile("input-message"))],
+        model=text("llm-model"), provider=text("provider"), finish_reason=text("finish"),
+        status=Status.ERROR, error_type=text("llm-error-type"), error_message=text("llm-error"),
+        input_messages=[text_message(text("role"), text("input-message"))],
         output_messages=[{"role": "assistant", "parts": [
-            {"type": "text", "content": hostile("thought")},
-            {"type": "tool_call", "id": "c1", "name": hostile("requested-tool"), "arguments": {}}]}],
+            {"type": "text", "content": text("thought")},
+            {"type": "tool_call", "id": "c1", "name": text("requested-tool"), "arguments": {}}]}],
     )
     failing = demo.tool_calls[1]
     ToolCall.objects.filter(pk=failing.pk).update(
-        tool_name=hostile("tool-name"), tool_call_id=hostile("tool-call-id"),
-        arguments={hostile("argument-key"): hostile("argument")}, output_level=hostile("lvl"),
-        error_type=hostile("tool-error-type"), error_code=hostile("code"), error_message=hostile("tool-error"),
+        tool_name=text("tool-name"), tool_call_id=text("tool-call-id"),
+        arguments={text("argument-key"): text("argument")}, output_level=text("lvl"),
+        error_type=text("tool-error-type"), error_code=text("code"), error_message=text("tool-error"),
     )
     CompressionEvent.objects.filter(pk=demo.compression.pk).update(
-        summary=hostile("summary"),
-        before_messages=[text_message(hostile("before-role"), hostile("before-message"))],
-        after_messages=[text_message("system", hostile("after-message"))],
-        tokens_before_by_category={hostile("category"): 100}, tokens_after_by_category={},
+        summary=text("summary"),
+        before_messages=[text_message(text("before-role"), text("before-message"))],
+        after_messages=[text_message("system", text("after-message"))],
+        tokens_before_by_category={text("category"): 100}, tokens_after_by_category={},
     )
     skill = make_skill(demo.conversation, round_, round_.started_at)
     SkillActivation.objects.filter(pk=skill.pk).update(
-        skill_name=hostile("skill"), chain=[hostile("chain")], status=Status.ERROR,
-        error_message=hostile("skill-error"))
+        skill_name=text("skill"), chain=[text("chain")], status=Status.ERROR,
+        error_message=text("skill-error"))
     if demo.artifact is not None:
-        Artifact.objects.filter(pk=demo.artifact.pk).update(mime=f"text/{hostile('mime')}",
-                                                             summary=hostile("artifact-summary"))
-        (artifact_dir / demo.artifact.artifact_id).write_text(hostile("artifact-content"))
+        Artifact.objects.filter(pk=demo.artifact.pk).update(mime=f"text/{text('mime')}",
+                                                             summary=text("artifact-summary"))
+        (artifact_dir / demo.artifact.artifact_id).write_text(text("artifact-content"))
     for record in (demo.conversation, *demo.rounds, *demo.llm_calls, *demo.tool_calls, demo.compression):
         record.refresh_from_db()
     if demo.artifact is not None:

@@ -11,7 +11,7 @@ from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import render
 
 from dashboard.views.common import fragments, fragments_response, page
-from pipeline.artifacts import ArtifactError, read_artifact
+from pipeline.artifacts.store import ArtifactError, read_artifact
 from pipeline.models import Artifact
 
 PAGE_SIZE = 50

@@ -10,7 +10,7 @@ from django.shortcuts import get_object_or_404, render
 from dashboard.context_bars import context_bar
 from dashboard.timeline import assistant_thoughts
 from dashboard.views.common import page
-from pipeline.ingest.messages import message_text
+from pipeline.ingest.normalise.messages import message_text
 from pipeline.models import LLMCall
 
 MAX_MESSAGE_CHARS = 50_000

@@ -1,7 +1,7 @@
 // Artifacts list: new artifacts appear while the first page is shown.
 import { applyFragments, fetchFragments, liveSocket, pageScript, serialised } from "./live.js";
 
-const url = pageScript("artifacts.js").dataset.fragments;
+const url = pageScript(import.meta.url).dataset.fragments;
 const onFirstPage = () => (document.getElementById("artifact-results")?.dataset.page ?? "1") === "1";
 
 const refresh = serialised(async () => {

@@ -3,7 +3,7 @@ import { applyFragments, fetchFragments, flash, liveSocket, pageScript, readJSON
 import { contextChart, contextExtent, formatTokens, showContextWindow, updateContextChart } from "./charts.js";
 
 const MAX_ROUNDS_PER_FETCH = 50;
-const script = pageScript("conversation.js");
+const script = pageScript(import.meta.url);
 const url = script.dataset.fragments;
 const chartData = readJSON("context-chart-data");
 const toggle = document.getElementById("context-window-toggle");

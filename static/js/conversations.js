@@ -1,7 +1,7 @@
 // Conversations list: rows arrive and change live while the first page is shown.
 import { applyFragments, fetchFragments, flash, liveSocket, pageScript, serialised } from "./live.js";
 
-const url = pageScript("conversations.js").dataset.fragments;
+const url = pageScript(import.meta.url).dataset.fragments;
 const changed = new Set();
 
 const onFirstPage = () => (document.getElementById("conversation-results")?.dataset.page ?? "1") === "1";

@@ -134,6 +134,8 @@ export function readJSON(id) {
 }
 
 // The <script type="module"> tag that loaded a page module, for its data-* attributes.
-export function pageScript(name) {
-  return document.querySelector(`script[type="module"][src*="/js/${name}"]`);
+export function pageScript(moduleUrl) {
+  // The page's <script type="module"> for the module at `moduleUrl` (its import.meta.url): the
+  // file name carries a content hash in production, so match the whole resolved URL.
+  return [...document.querySelectorAll('script[type="module"]')].find((script) => script.src === moduleUrl);
 }

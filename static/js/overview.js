@@ -2,7 +2,7 @@
 import { applyFragments, fetchFragments, flash, liveSocket, pageScript, readJSON, serialised } from "./live.js";
 import { tokensChart, updateTokensChart } from "./charts.js";
 
-const url = pageScript("overview.js").dataset.fragments;
+const url = pageScript(import.meta.url).dataset.fragments;
 const chart = tokensChart(document.getElementById("tokens-chart"), readJSON("tokens-chart-data"));
 let changedTools = false;
 

@@ -2,7 +2,7 @@
 import { applyFragments, fetchFragments, liveSocket, pageScript, readJSON, serialised } from "./live.js";
 import { histogramChart, updateHistogram } from "./charts.js";
 
-const url = pageScript("tools.js").dataset.fragments;
+const url = pageScript(import.meta.url).dataset.fragments;
 const chart = histogramChart(document.getElementById("latency-chart"), readJSON("latency-chart-data"));
 
 for (const select of document.querySelectorAll("select[data-autosubmit]")) {

@@ -5,8 +5,15 @@ import re
 import pytest
 from django.contrib.auth import authenticate, get_user_model
 from django.core.management import call_command
+from django.test import RequestFactory
 
 pytestmark = pytest.mark.django_db
+
+
+def logs_in(username: str, password: str) -> object:
+    """authenticate() as the login page calls it: with the request (login throttling needs its
+    client address, and refuses to guess without one)."""
+    return authenticate(RequestFactory().post("/login/"), username=username, password=password)
 
 
 def run_bootstrap(capsys, *args: str) -> str:
@@ -18,7 +25,7 @@ def test_first_run_creates_a_superuser_and_prints_a_working_password(capsys, mon
     monkeypatch.delenv("CTXLENS_ADMIN_PASSWORD", raising=False)
     out = run_bootstrap(capsys)
     password = re.search(r"with password: (\S+)", out).group(1)
-    user = authenticate(username="admin", password=password)
+    user = logs_in("admin", password)
     assert user is not None and user.is_superuser
     assert "http://127.0.0.1:8000/" in out
 
@@ -36,7 +43,7 @@ def test_the_password_can_come_from_the_environment(capsys, monkeypatch):
     out = run_bootstrap(capsys, "--url", "http://127.0.0.1:9000")
     assert "a-chosen-passphrase-42" not in out
     assert "http://127.0.0.1:9000/" in out
-    assert authenticate(username="admin", password="a-chosen-passphrase-42") is not None
+    assert logs_in("admin", "a-chosen-passphrase-42") is not None
 
 
 def test_the_login_page_is_served(client):

@@ -69,6 +69,19 @@ def test_the_download_link_returns_the_content(client, alice, artifact_dir):
     assert artifact.artifact_id in response["Content-Disposition"]
 
 
+def test_the_download_sends_the_same_untrusted_content_headers_as_the_api(client, alice, artifact_dir):
+    artifact = make_artifact(artifact_dir, b"<html><script>alert(document.cookie)</script></html>", mime="text/html")
+    client.force_login(alice)
+    admin_reply = client.get(reverse("admin:pipeline_artifact_download", args=[artifact.pk]))
+    api_reply = client.get(f"/api/artifacts/{artifact.artifact_id}/content")
+    assert admin_reply.status_code == api_reply.status_code == 200
+    for header in ("X-Content-Type-Options", "Content-Security-Policy", "Content-Disposition"):
+        assert admin_reply[header] == api_reply[header], header
+    assert admin_reply["X-Content-Type-Options"] == "nosniff"
+    assert admin_reply["Content-Security-Policy"].startswith("sandbox")
+    assert admin_reply["Content-Disposition"].startswith("attachment")
+
+
 def test_a_download_whose_file_is_gone_is_a_404(client, alice, artifact_dir):
     artifact = make_artifact(artifact_dir, b"soon gone")
     (artifact_dir / artifact.artifact_id).unlink()

@@ -1,4 +1,4 @@
-"""Live updates in a real Chromium against real daphne: bursts are coalesced on the way to the
+"""Live updates in a real Chromium against real uvicorn: bursts are coalesced on the way to the
 page, and pages reconnect by themselves after a server restart and catch up on what they missed."""
 
 from __future__ import annotations
@@ -40,13 +40,13 @@ window.WebSocket = class extends WebSocket {
 """
 
 
-def test_a_burst_of_ingest_reaches_the_page_as_a_few_messages_that_miss_nothing(live_daphne, page, alice):
+def test_a_burst_of_ingest_reaches_the_page_as_a_few_messages_that_miss_nothing(live_uvicorn, page, alice):
     page.add_init_script(RECORD_FRAMES)
-    log_in(page, live_daphne)
+    log_in(page, live_uvicorn)
     wait_live(page)
     interval_ms = page.evaluate("window.__frames.find(([, m]) => m.type === 'hello')[1].interval_ms")
     batches = [record_turns(f"conv-burst-{n}", turns=1) for n in range(BURST)]
-    exporter = OTLPSpanExporter(endpoint=f"{live_daphne.url}/v1/traces",
+    exporter = OTLPSpanExporter(endpoint=f"{live_uvicorn.url}/v1/traces",
                                 headers={"Authorization": f"Bearer {ingest_key()}"})
     started = page.evaluate("performance.now()")
     for spans in batches:  # as fast as the server answers: each request is one ingest commit
@@ -70,9 +70,9 @@ def test_a_burst_of_ingest_reaches_the_page_as_a_few_messages_that_miss_nothing(
     assert all(gap >= 0.8 * interval_ms for gap in gaps), gaps
 
 
-def test_the_list_reconnects_after_a_server_restart_and_catches_up(daphne_factory, artifact_dir, page, alice):
+def test_the_list_reconnects_after_a_server_restart_and_catches_up(uvicorn_factory, artifact_dir, page, alice):
     env = {"CTXLENS_ARTIFACT_DIR": str(artifact_dir)}
-    server = daphne_factory(env)
+    server = uvicorn_factory(env)
     make_conversation("conv-before-restart", rounds=1)
     log_in(page, server)
     page.goto(f"{server.url}/conversations/")
@@ -81,7 +81,7 @@ def test_the_list_reconnects_after_a_server_restart_and_catches_up(daphne_factor
     server.stop()
     expect(page.locator("#live-status")).to_have_attribute("data-state", "reconnecting", timeout=5000)
     make_conversation("conv-while-down", title="Arrived while the server was down", rounds=1)
-    daphne_factory(env, port=server.port)
+    uvicorn_factory(env, port=server.port)
     wait_live(page, timeout=15_000)
     expect(page.locator("#conversation-results tbody tr").filter(has_text="Arrived while the server was down")
            ).to_be_visible()
@@ -89,9 +89,9 @@ def test_the_list_reconnects_after_a_server_restart_and_catches_up(daphne_factor
 
 
 def test_a_conversation_reconnects_after_a_server_restart_and_shows_the_turns_it_missed(
-        daphne_factory, artifact_dir, page, alice):
+        uvicorn_factory, artifact_dir, page, alice):
     env = {"CTXLENS_ARTIFACT_DIR": str(artifact_dir)}
-    server = daphne_factory(env)
+    server = uvicorn_factory(env)
     demo = make_conversation("conv-restart", rounds=1)
     log_in(page, server)
     page.goto(f"{server.url}/conversations/{demo.conversation.pk}/")
@@ -107,7 +107,7 @@ def test_a_conversation_reconnects_after_a_server_restart_and_shows_the_turns_it
     make_llm_call(demo.conversation, missed, at + timedelta(seconds=1), output_text="Thinking it over.")
     Conversation.objects.filter(pk=demo.conversation.pk).update(round_count=2, llm_call_count=3, status="running")
 
-    daphne_factory(env, port=server.port)
+    uvicorn_factory(env, port=server.port)
     wait_live(page, timeout=15_000)
     turn = page.locator(f"#round-{missed.pk}")
     expect(turn).to_contain_text("Asked while the server was down")
@@ -118,10 +118,10 @@ def test_a_conversation_reconnects_after_a_server_restart_and_shows_the_turns_it
     assert page.evaluate("window.__not_reloaded")
 
 
-def test_a_conversation_whose_live_fetch_fails_fetches_the_new_turn_again(live_daphne, page, alice):
+def test_a_conversation_whose_live_fetch_fails_fetches_the_new_turn_again(live_uvicorn, page, alice):
     demo = make_conversation("conv-flaky", rounds=1)
-    log_in(page, live_daphne)
-    page.goto(f"{live_daphne.url}/conversations/{demo.conversation.pk}/")
+    log_in(page, live_uvicorn)
+    page.goto(f"{live_uvicorn.url}/conversations/{demo.conversation.pk}/")
     wait_live(page)
     page.wait_for_load_state("networkidle")
     page.evaluate("window.__not_reloaded = true")
@@ -136,7 +136,7 @@ def test_a_conversation_whose_live_fetch_fails_fetches_the_new_turn_again(live_d
             route.fulfill(status=502, body="bad gateway")
 
     page.route("**/fragments/conversations/**", fail_twice)
-    send_turn(live_daphne, ingest_key(), "conv-flaky", tool="get_weather", observation="Rain, 9 °C",
+    send_turn(live_uvicorn, ingest_key(), "conv-flaky", tool="get_weather", observation="Rain, 9 °C",
               user_message="And in Bergen?")
     expect(page.locator(".turn").filter(has_text="And in Bergen?")).to_be_visible(timeout=8000)
     assert len(failed) == 2 and "rounds=" in failed[0]

@@ -1,4 +1,4 @@
-"""The dashboard in a real Chromium (Playwright) against a real daphne on the test database.
+"""The dashboard in a real Chromium (Playwright) against a real uvicorn on the test database.
 
 Spans arrive the way an agent sends them: the OpenTelemetry SDK's OTLP/HTTP exporter posting
 to the live server's /v1/traces. Every page is photographed at 1280 px and 390 px wide under
@@ -31,6 +31,7 @@ from tests.dashboard_fixtures import (
     XSS_IMG,
     XSS_PAYLOAD,
     XSS_SCRIPT,
+    bidi,
     hostile,
     make_conversation,
     make_hostile_conversation,
@@ -39,11 +40,11 @@ from tests.dashboard_fixtures import (
 pytestmark = pytest.mark.browser
 
 
-def test_log_in_and_see_the_demo_data_on_every_page(live_daphne, page, alice):
+def test_log_in_and_see_the_demo_data_on_every_page(live_uvicorn, page, alice):
     call_command("demo_agent", stdout=open("/dev/null", "w"))
-    page.goto(f"{live_daphne.url}/login/")
+    page.goto(f"{live_uvicorn.url}/login/")
     screenshot(page, "login")
-    log_in(page, live_daphne)
+    log_in(page, live_uvicorn)
     wait_live(page)
     conversations = Conversation.objects.count()
     assert conversations >= 3
@@ -59,34 +60,34 @@ def test_log_in_and_see_the_demo_data_on_every_page(live_daphne, page, alice):
     screenshot(page, "conversations")
 
     compressed = CompressionEvent.objects.order_by("pk").first()
-    page.goto(f"{live_daphne.url}/conversations/{compressed.conversation_id}/")
+    page.goto(f"{live_uvicorn.url}/conversations/{compressed.conversation_id}/")
     wait_live(page)
     calls = LLMCall.objects.filter(conversation_id=compressed.conversation_id).count()
     expect(page.locator(".turn")).to_have_count(compressed.conversation.round_count)
     expect(page.locator(".turn .ctx-bar")).to_have_count(calls)
     assert page.evaluate("Chart.getChart('context-chart').data.labels.length") == calls
     screenshot(page, "conversation")
-    page.goto(f"{live_daphne.url}/compressions/{compressed.pk}/")
+    page.goto(f"{live_uvicorn.url}/compressions/{compressed.pk}/")
     expect(page.locator("#compression-before .msg")).to_have_count(compressed.messages_before)
     expect(page.locator("#compression-after .msg")).to_have_count(compressed.messages_after)
     screenshot(page, "compression")
-    page.goto(f"{live_daphne.url}/compressions/")
+    page.goto(f"{live_uvicorn.url}/compressions/")
     expect(page.locator("main tbody tr")).to_have_count(CompressionEvent.objects.count())
     screenshot(page, "compressions")
     call = LLMCall.objects.exclude(input_messages=[]).order_by("pk").first()
-    page.goto(f"{live_daphne.url}/llm-calls/{call.pk}/")
+    page.goto(f"{live_uvicorn.url}/llm-calls/{call.pk}/")
     expect(page.locator("h1")).to_have_text(call.model)
     expect(page.locator(".grid-2 section").first.locator(".msg")).to_have_count(len(call.input_messages))
     expect(page.locator(".ctx-bar")).to_have_count(1)
     screenshot(page, "llm-call")
-    page.goto(f"{live_daphne.url}/tools/")
+    page.goto(f"{live_uvicorn.url}/tools/")
     wait_live(page)
     assert page.evaluate("Chart.getChart('latency-chart').data.datasets[0].data.reduce((a, b) => a + b, 0)") > 0
     screenshot(page, "tools")
     page.click("#tools-stats >> text=web_search")
     expect(page.locator("h1")).to_contain_text("web_search")
     screenshot(page, "tool-calls")
-    page.goto(f"{live_daphne.url}/artifacts/")
+    page.goto(f"{live_uvicorn.url}/artifacts/")
     rows = page.locator("#artifact-results tbody tr")
     expect(rows.first).to_be_visible()
     screenshot(page, "artifacts")
@@ -96,17 +97,17 @@ def test_log_in_and_see_the_demo_data_on_every_page(live_daphne, page, alice):
     assert page.errors == []
 
 
-def test_a_new_conversation_and_its_tool_calls_arrive_live_without_a_reload(live_daphne, browser, page, alice):
+def test_a_new_conversation_and_its_tool_calls_arrive_live_without_a_reload(live_uvicorn, browser, page, alice):
     make_conversation("conv-existing", rounds=1)  # get_weather: 1 call so far
-    log_in(page, live_daphne)
+    log_in(page, live_uvicorn)
     wait_live(page)
     stats_row = page.locator('#overview-tools tr[data-tool="get_weather"] [data-stat="calls"]')
     expect(stats_row).to_have_text("1")
     list_page = browser.new_page(storage_state=page.context.storage_state())
-    list_page.goto(f"{live_daphne.url}/conversations/")
+    list_page.goto(f"{live_uvicorn.url}/conversations/")
     wait_live(list_page)
     tools_page = browser.new_page(storage_state=page.context.storage_state())
-    tools_page.goto(f"{live_daphne.url}/tools/")
+    tools_page.goto(f"{live_uvicorn.url}/tools/")
     wait_live(tools_page)
     histogram_total = "Chart.getChart('latency-chart').data.datasets[0].data.reduce((a, b) => a + b, 0)"
     before = tools_page.evaluate(histogram_total)
@@ -114,7 +115,7 @@ def test_a_new_conversation_and_its_tool_calls_arrive_live_without_a_reload(live
     for p in pages:
         p.evaluate("window.__not_reloaded = true")
 
-    send_turn(live_daphne, ingest_key(), "conv-live-new", tool="get_weather", observation="Cloudy, 12 °C")
+    send_turn(live_uvicorn, ingest_key(), "conv-live-new", tool="get_weather", observation="Cloudy, 12 °C")
     sent = time.monotonic()
 
     def left() -> int:
@@ -133,10 +134,10 @@ def test_a_new_conversation_and_its_tool_calls_arrive_live_without_a_reload(live
     tools_page.close()
 
 
-def test_a_conversation_shows_context_bars_and_a_compression_before_and_after(live_daphne, page, alice):
+def test_a_conversation_shows_context_bars_and_a_compression_before_and_after(live_uvicorn, page, alice):
     demo = make_conversation("conv-bars", rounds=3)
-    log_in(page, live_daphne)
-    page.goto(f"{live_daphne.url}/conversations/{demo.conversation.pk}/")
+    log_in(page, live_uvicorn)
+    page.goto(f"{live_uvicorn.url}/conversations/{demo.conversation.pk}/")
     wait_live(page)
     bars = page.locator(".ctx-bar")
     expect(bars).to_have_count(len(demo.llm_calls))
@@ -160,18 +161,18 @@ def test_a_conversation_shows_context_bars_and_a_compression_before_and_after(li
     screenshot(page, "compression-detail")
 
 
-def test_html_in_trace_content_renders_as_text_and_runs_nothing(live_daphne, page, alice):
+def test_html_in_trace_content_renders_as_text_and_runs_nothing(live_uvicorn, page, alice):
     demo = make_conversation("conv-xss", rounds=1)  # the stored observation carries both payloads
     dialogs: list[str] = []
     page.on("dialog", lambda dialog: (dialogs.append(dialog.message), dialog.dismiss()))
-    log_in(page, live_daphne)
-    page.goto(f"{live_daphne.url}/conversations/{demo.conversation.pk}/")
+    log_in(page, live_uvicorn)
+    page.goto(f"{live_uvicorn.url}/conversations/{demo.conversation.pk}/")
     wait_live(page)
     observation = page.locator(f"#tool-{demo.tool_calls[0].pk} pre.obs")
     expect(observation).to_have_text(XSS_PAYLOAD)
 
     # The same payloads arriving live, inside a new turn swapped into the open page.
-    send_turn(live_daphne, ingest_key(), "conv-xss", tool="get_weather", observation=XSS_PAYLOAD,
+    send_turn(live_uvicorn, ingest_key(), "conv-xss", tool="get_weather", observation=XSS_PAYLOAD,
               user_message=f"live {XSS_IMG}")
     live_turn = page.locator(".turn").nth(1)
     expect(live_turn).to_contain_text(XSS_SCRIPT, timeout=LIVE_WITHIN_MS)
@@ -185,18 +186,18 @@ def test_html_in_trace_content_renders_as_text_and_runs_nothing(live_daphne, pag
     screenshot(page, "conversation-xss")
 
 
-def test_an_anonymous_browser_goes_to_the_login_page_and_its_websocket_is_refused(live_daphne, page):
+def test_an_anonymous_browser_goes_to_the_login_page_and_its_websocket_is_refused(live_uvicorn, page):
     for path in ("/", "/conversations/", "/tools/", "/artifacts/"):
-        page.goto(f"{live_daphne.url}{path}")
-        expect(page).to_have_url(f"{live_daphne.url}/login/?next={path}")
+        page.goto(f"{live_uvicorn.url}{path}")
+        expect(page).to_have_url(f"{live_uvicorn.url}/login/?next={path}")
     code = page.evaluate("""url => new Promise(resolve => {
         const socket = new WebSocket(url);
         socket.onclose = event => resolve(event.code);
-    })""", f"{live_daphne.ws_url}/ws/live/")
+    })""", f"{live_uvicorn.ws_url}/ws/live/")
     assert code == 4401
 
 
-def test_no_page_inserts_markup_from_any_trace_field(live_daphne, page, alice, artifact_dir):
+def test_no_page_inserts_markup_from_any_trace_field(live_uvicorn, page, alice, artifact_dir):
     """Every text field of a conversation carries markup (dashboard_fixtures.hostile): on no page,
     first rendered or swapped in live by the page's script, does it become an element."""
     demo = make_hostile_conversation(artifact_dir)
@@ -206,14 +207,14 @@ def test_no_page_inserts_markup_from_any_trace_field(live_daphne, page, alice, a
             "artifact-content"]
     dialogs: list[str] = []
     page.on("dialog", lambda dialog: (dialogs.append(dialog.message), dialog.dismiss()))
-    log_in(page, live_daphne)
+    log_in(page, live_uvicorn)
     tool = quote(demo.tool_calls[1].tool_name)
     paths = ["/?window=all", "/conversations/", f"/conversations/{demo.conversation.pk}/",
              f"/llm-calls/{demo.llm_calls[0].pk}/", "/compressions/", f"/compressions/{demo.compression.pk}/",
              f"/tools/?window=all&tool={tool}", f"/tools/calls/?window=all&tool={tool}", "/artifacts/",
              f"/artifacts/{demo.artifact.artifact_id}/"]
     for path in paths:
-        page.goto(f"{live_daphne.url}{path}")
+        page.goto(f"{live_uvicorn.url}{path}")
         if page.locator("#live-status").count():
             wait_live(page)  # the page has swapped in the fragments it fetched on connecting
             page.wait_for_load_state("networkidle")
@@ -224,7 +225,7 @@ def test_no_page_inserts_markup_from_any_trace_field(live_daphne, page, alice, a
         })""", tags)
         assert leaked == {"ran": None, "images": 0, "elements": []}, path
     expect(page.locator("#artifact-preview")).to_have_text(hostile("artifact-content"))
-    page.goto(f"{live_daphne.url}/conversations/{demo.conversation.pk}/")
+    page.goto(f"{live_uvicorn.url}/conversations/{demo.conversation.pk}/")
     expect(page.locator("h1")).to_have_text(hostile("conv-title"))
     expect(page.locator(f"#tool-{demo.tool_calls[0].pk} pre.obs")).to_have_text(hostile("observation"))
     screenshot(page, "conversation-hostile")
@@ -240,7 +241,7 @@ OVERFLOWING = """() => ({
 })"""
 
 
-def test_long_unbroken_trace_text_never_makes_a_page_wider_than_the_screen(live_daphne, page, alice, artifact_dir):
+def test_long_unbroken_trace_text_never_makes_a_page_wider_than_the_screen(live_uvicorn, page, alice, artifact_dir):
     long = "x" * 40 + "_" + "y" * 60 + "-" + "z" * 50  # a break opportunity or two, far apart
     demo = make_conversation("conv-" + long, title="T" + long, model="m" + long, rounds=2, artifact_dir=artifact_dir)
     make_conversation("conv-short", rounds=1)
@@ -249,16 +250,63 @@ def test_long_unbroken_trace_text_never_makes_a_page_wider_than_the_screen(live_
         tool_name="t" + long, error_type="E" + long, error_code="C" + long[:60], error_message="M" + long,
         tool_call_id="call_" + long)
     Artifact.objects.filter(pk=demo.artifact.pk).update(mime="text/" + long, summary="S" + long)
-    log_in(page, live_daphne)
+    log_in(page, live_uvicorn)
     paths = ["/?window=all", "/conversations/", f"/conversations/{demo.conversation.pk}/", "/tools/?window=all",
              "/tools/calls/?window=all", "/artifacts/", f"/artifacts/{demo.artifact.artifact_id}/", "/compressions/",
              f"/compressions/{demo.compression.pk}/", f"/llm-calls/{demo.llm_calls[0].pk}/"]
     for path in paths:
-        page.goto(f"{live_daphne.url}{path}")
+        page.goto(f"{live_uvicorn.url}{path}")
         page.wait_for_load_state("networkidle")
         for width in (1280, 390):
             page.set_viewport_size({"width": width, "height": 900})
             page.wait_for_timeout(50)
             assert page.evaluate(OVERFLOWING) == {"page": 0, "boxes": []}, (path, width)
-    page.goto(f"{live_daphne.url}/tools/calls/?window=all")
+    page.goto(f"{live_uvicorn.url}/tools/calls/?window=all")
     screenshot(page, "tool-calls-long-text")
+
+
+# For every text node with a right-to-left override: the nearest ancestors that hold nothing but
+# that text (the untrusted value alone) must include a bidi isolate: an inline element with
+# unicode-bidi isolate (<bdi>, or the stylesheet's rule) or a block of its own (a paragraph).
+UNISOLATED_BIDI = """() => {
+  const walker = document.createTreeWalker(document.body, NodeFilter.SHOW_TEXT);
+  const bad = [];
+  for (let node = walker.nextNode(); node; node = walker.nextNode()) {
+    if (!node.data.includes("\\u202e")) continue;
+    const own = node.data.trim();
+    let el = node.parentElement, isolated = false;
+    while (el && el.textContent.trim() === own) {
+      const style = getComputedStyle(el);
+      if (!style.display.startsWith("inline") || ["isolate", "isolate-override", "plaintext"].includes(style.unicodeBidi)) {
+        isolated = true;
+        break;
+      }
+      el = el.parentElement;
+    }
+    if (!isolated) bad.push(`${node.parentElement.tagName}.${node.parentElement.className} in ${el ? el.tagName : "?"}: ${own.slice(0, 30)}`);
+  }
+  return bad;
+}"""
+
+
+def test_bidi_controls_in_trace_text_never_reorder_the_text_around_them(live_uvicorn, page, alice, artifact_dir):
+    """A right-to-left override in any trace field (tool names, titles, messages, artifact names …)
+    stays inside that field's text on every page, first rendered or swapped in live."""
+    demo = make_hostile_conversation(artifact_dir, text=bidi)
+    log_in(page, live_uvicorn)
+    tool = quote(demo.tool_calls[1].tool_name)
+    paths = ["/?window=all", "/conversations/", f"/conversations/{demo.conversation.pk}/",
+             f"/llm-calls/{demo.llm_calls[0].pk}/", "/compressions/", f"/compressions/{demo.compression.pk}/",
+             f"/tools/?window=all&tool={tool}", f"/tools/calls/?window=all&tool={tool}", "/artifacts/",
+             f"/artifacts/{demo.artifact.artifact_id}/"]
+    found = 0
+    for path in paths:
+        page.goto(f"{live_uvicorn.url}{path}")
+        if page.locator("#live-status").count():
+            wait_live(page)
+            page.wait_for_load_state("networkidle")
+        found += page.evaluate("() => document.body.innerText.split('\\u202e').length - 1")
+        assert page.evaluate(UNISOLATED_BIDI) == [], path
+    assert found > 20  # the fields are on the pages
+    page.goto(f"{live_uvicorn.url}/conversations/{demo.conversation.pk}/")
+    screenshot(page, "conversation-bidi")

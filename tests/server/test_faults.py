@@ -27,7 +27,7 @@ from opentelemetry.sdk.trace.export import SpanExportResult
 
 from pipeline.models import ApiKey, Artifact, Conversation, LLMCall, Round, Span, ToolCall
 from tests.agent_traces import record_turns, span_count
-from tests.otlp_servers import namespace_prefix, start_daphne_on_small_disk
+from tests.otlp_servers import namespace_prefix, start_uvicorn_on_small_disk
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -68,9 +68,9 @@ def assert_each_span_once(conversations: int, turns_per_batch: int) -> None:
         assert (conversation.round_count, conversation.tool_call_count) == (turns_per_batch, 2 * turns_per_batch)
 
 
-def test_a_server_killed_mid_load_and_restarted_loses_and_duplicates_nothing(daphne_factory, artifact_dir):
+def test_a_server_killed_mid_load_and_restarted_loses_and_duplicates_nothing(uvicorn_factory, artifact_dir):
     env = {"CTXLENS_ARTIFACT_DIR": str(artifact_dir)}
-    server = daphne_factory(env)
+    server = uvicorn_factory(env)
     key = ApiKey.generate("agent", scope="ingest")[1]
     batches = [record_turns(f"load-{n}", turns=2) for n in range(30)]
     results: list = []
@@ -80,7 +80,7 @@ def test_a_server_killed_mid_load_and_restarted_loses_and_duplicates_nothing(dap
     server.process.send_signal(signal.SIGKILL)  # no goodbye: requests in flight are cut off
     server.process.wait()
     time.sleep(1)  # the exporter meets a closed port and backs off
-    daphne_factory(env, port=server.port)  # the same endpoint comes back
+    uvicorn_factory(env, port=server.port)  # the same endpoint comes back
     thread.join(timeout=240)
 
     assert not thread.is_alive()
@@ -115,7 +115,7 @@ def small_disk_server(transactional_db, tmp_path):
                     "(`unshare --user --map-root-user --mount`) are available")
     mount_point = tmp_path / "artifacts"
     mount_point.mkdir()
-    server = start_daphne_on_small_disk(
+    server = start_uvicorn_on_small_disk(
         tmp_path, prefix, "256k", mount_point,
         {"CTXLENS_ARTIFACT_DIR": str(mount_point), "CTXLENS_ARTIFACT_THRESHOLD_BYTES": "16384"},
     )
@@ -196,7 +196,7 @@ def drop_dead_connections() -> None:
     SyncToAsync.single_thread_executor.submit(connections.close_all).result(timeout=30)
 
 
-def test_a_postgresql_restart_under_load_loses_and_duplicates_nothing(daphne_factory, artifact_dir):
+def test_a_postgresql_restart_under_load_loses_and_duplicates_nothing(uvicorn_factory, artifact_dir):
     if connection.vendor != "postgresql":
         pytest.skip("runs on PostgreSQL only (DATABASE_URL=postgres://…): SQLite has no server to restart")
     if os.environ.get("CTXLENS_TEST_PG_RESTART") != "1":
@@ -205,7 +205,7 @@ def test_a_postgresql_restart_under_load_loses_and_duplicates_nothing(daphne_fac
     command = pg_restart_command()
     if command is None or os.geteuid() != 0 and not os.access("/var/run/postgresql", os.W_OK):
         pytest.skip("pg_ctlcluster cannot restart the PostgreSQL cluster of DATABASE_URL from here")
-    server = daphne_factory({"CTXLENS_ARTIFACT_DIR": str(artifact_dir)})
+    server = uvicorn_factory({"CTXLENS_ARTIFACT_DIR": str(artifact_dir)})
     key = ApiKey.generate("agent", scope="ingest")[1]
     batches = [record_turns(f"pg-load-{n}", turns=2) for n in range(30)]
     results: list = []

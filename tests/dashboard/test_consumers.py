@@ -18,6 +18,7 @@ from tests.dashboard_fixtures import make_conversation
 
 pytestmark = [pytest.mark.anyio, pytest.mark.django_db(transaction=True)]
 ORIGIN = (b"origin", b"http://127.0.0.1")
+HOST = (b"host", b"127.0.0.1")  # the handshake's own site, which the Origin must match
 
 
 @pytest.fixture
@@ -41,7 +42,7 @@ def changes(conversation_id: int, round_id: int = 0, tool_calls: int = 0) -> Ing
 
 
 async def connect(path: str, *headers: tuple[bytes, bytes]) -> WebsocketCommunicator:
-    communicator = WebsocketCommunicator(application, path, headers=[ORIGIN, *headers])
+    communicator = WebsocketCommunicator(application, path, headers=[ORIGIN, HOST, *headers])
     connected, _ = await communicator.connect()
     assert connected
     return communicator
@@ -73,7 +74,7 @@ async def test_it_refuses_an_anonymous_websocket_with_4401():
     paths = websocket_paths()
     assert {"/ws/live/", "/ws/conversations/1/"} <= set(paths)
     for path in paths:
-        communicator = WebsocketCommunicator(application, path, headers=[ORIGIN])
+        communicator = WebsocketCommunicator(application, path, headers=[ORIGIN, HOST])
         connected, _ = await communicator.connect()
         assert connected  # accepted only so that the browser learns why it is closed
         assert await communicator.receive_output() == {"type": "websocket.close", "code": CLOSE_UNAUTHENTICATED}
@@ -81,7 +82,7 @@ async def test_it_refuses_an_anonymous_websocket_with_4401():
 
 async def test_it_refuses_a_websocket_from_another_origin(session_cookie):
     communicator = WebsocketCommunicator(application, "/ws/live/",
-                                         headers=[(b"origin", b"http://evil.example"), session_cookie])
+                                         headers=[(b"origin", b"http://evil.example"), HOST, session_cookie])
     connected, _ = await communicator.connect()
     assert not connected
 
@@ -140,7 +141,7 @@ async def test_a_conversation_socket_hears_only_its_conversation(session_cookie)
 
 
 async def test_it_closes_a_socket_for_an_unknown_conversation_with_4404(session_cookie):
-    communicator = WebsocketCommunicator(application, "/ws/conversations/987654/", headers=[ORIGIN, session_cookie])
+    communicator = WebsocketCommunicator(application, "/ws/conversations/987654/", headers=[ORIGIN, HOST, session_cookie])
     connected, _ = await communicator.connect()
     assert connected
     assert await communicator.receive_output() == {"type": "websocket.close", "code": CLOSE_NOT_FOUND}

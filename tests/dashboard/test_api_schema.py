@@ -1,0 +1,93 @@
+"""GET /api/schema/: a valid OpenAPI 3 document that covers the whole API, the ingest events included."""
+
+from __future__ import annotations
+
+import pytest
+from drf_spectacular.validation import validate_schema
+from rest_framework.test import APIClient
+
+from pipeline.ingest.decode.rest_schema import EVENT_SERIALIZERS
+from pipeline.models import ApiKey
+from pipeline.models.apikeys import Scope
+from tests.api_client import client_with
+
+PATHS = {
+    "/api/ingest/": "post",
+    "/api/conversations/": "get",
+    "/api/conversations/{id}/": "get",
+    "/api/tools/stats/": "get",
+    "/api/compressions/": "get",
+    "/api/compressions/{id}/": "get",
+    "/api/artifacts/": "get",
+    "/api/artifacts/{artifact_id}/content": "get",
+}
+
+
+
+@pytest.fixture
+def schema(db) -> dict:
+    raw = ApiKey.generate("reader", scope=Scope.READ)[1]
+    reply = client_with(raw).get("/api/schema/?format=json")
+    assert reply.status_code == 200
+    assert reply["Content-Type"].startswith("application/vnd.oai.openapi+json")
+    return reply.json()
+
+
+def test_the_schema_is_valid_openapi_3(schema):
+    validate_schema(schema)  # raises on an invalid document
+
+    assert schema["openapi"].startswith("3.")
+
+
+def test_the_schema_covers_every_endpoint(schema):
+    for path, method in PATHS.items():
+        assert method in schema["paths"].get(path, {}), f"{method.upper()} {path} is missing"
+
+
+def test_the_ingest_events_are_documented_one_schema_per_type(schema):
+    components = schema["components"]["schemas"]
+    events = schema["components"]["schemas"]["IngestRequest"]["properties"]["events"]
+    assert events["type"] == "array"
+    assert events["items"]["$ref"].endswith("/IngestEvent")
+    mapping = components["IngestEvent"]["discriminator"]["mapping"]
+
+    assert set(mapping) == set(EVENT_SERIALIZERS)
+    for kind, serializer_class in EVENT_SERIALIZERS.items():
+        component = components[mapping[kind].rsplit("/", 1)[1]]
+        fields = serializer_class().fields
+        assert set(component["properties"]) == set(fields), kind
+        required = {name for name, field in fields.items() if field.required}
+        assert set(component.get("required", [])) == required, kind
+
+
+def test_the_ingest_operation_documents_its_errors_and_an_example(schema):
+    post = schema["paths"]["/api/ingest/"]["post"]
+
+    assert {"200", "400", "401", "403", "413", "415", "503"} <= set(post["responses"])
+    example = post["requestBody"]["content"]["application/json"]["examples"]
+    assert next(iter(example.values()))["value"]["schema_version"] == "1.0"
+
+
+def test_the_tool_stats_operation_lists_its_figures_and_filters(schema):
+    get = schema["paths"]["/api/tools/stats/"]["get"]
+    figures = schema["components"]["schemas"]["ToolStats"]["properties"]
+
+    assert {p["name"] for p in get["parameters"]} >= {"since", "until", "window", "conversation", "tool"}
+    assert {"tool_name", "calls", "successes", "failures", "success_rate", "retries", "avg_duration_ms",
+            "p50_duration_ms", "p95_duration_ms", "avg_observation_tokens", "total_observation_tokens"} == set(figures)
+
+
+def test_the_bearer_key_is_the_documented_security_scheme(schema):
+    scheme = schema["components"]["securitySchemes"]["apiKey"]
+
+    assert (scheme["type"], scheme["scheme"]) == ("http", "bearer")
+    assert {"apiKey": []} in schema["paths"]["/api/ingest/"]["post"]["security"]
+
+
+def test_the_schema_needs_a_key_or_a_session(db, bob):
+    assert client_with().get("/api/schema/").status_code == 401
+    ingest_raw = ApiKey.generate("agent", scope=Scope.INGEST)[1]
+    assert client_with(ingest_raw).get("/api/schema/").status_code == 200
+    session = APIClient()
+    session.force_login(bob)
+    assert session.get("/api/schema/").status_code == 200

@@ -1,0 +1,197 @@
+"""`manage.py prune`: retention of conversations, spans and artifacts, in short batches."""
+
+from __future__ import annotations
+
+import datetime as dt
+from io import StringIO
+
+import pytest
+import time_machine
+from django.core.management import CommandError, call_command
+
+from pipeline.artifacts.store import store_artifact
+from pipeline.models import (
+    Artifact,
+    CompressionEvent,
+    Conversation,
+    LLMCall,
+    Round,
+    SkillActivation,
+    Span,
+    SpanLog,
+    ToolCall,
+)
+from pipeline.retention import prune
+
+NOW = dt.datetime(2026, 6, 1, 12, 0, tzinfo=dt.timezone.utc)
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def make_conversation(name: str, last_activity: dt.datetime, spans: int = 3) -> Conversation:
+    """A conversation with one row of every kind that belongs to it."""
+    conv = Conversation.objects.create(
+        external_id=name, started_at=last_activity - dt.timedelta(hours=1), last_activity_at=last_activity
+    )
+    trace = f"{abs(hash(name)):032x}"[-32:]
+    rnd = Round.objects.create(conversation=conv, key=f"{trace}:root", trace_id=trace, started_at=last_activity)
+    llm = LLMCall.objects.create(
+        conversation=conv, round=rnd, trace_id=trace, span_id="a" * 16, started_at=last_activity, model="gpt-4o"
+    )
+    artifact = store_artifact(f"big output of {name}" * 100, conversation=conv, ttl_hours=24 * 365)
+    ToolCall.objects.create(
+        conversation=conv, round=rnd, llm_call=llm, trace_id=trace, span_id="b" * 16,
+        started_at=last_activity, tool_name="search", artifact=artifact,
+    )
+    CompressionEvent.objects.create(
+        conversation=conv, round=rnd, llm_call=llm, trace_id=trace, span_id="c" * 16,
+        strategy="truncate", occurred_at=last_activity,
+    )
+    SkillActivation.objects.create(
+        conversation=conv, round=rnd, trace_id=trace, span_id="d" * 16, skill_name="pdf", activated_at=last_activity
+    )
+    for n in range(spans):
+        make_span(trace, n, last_activity, conv)
+    return conv
+
+
+def make_span(trace: str, n: int, start: dt.datetime, conversation: Conversation | None = None) -> Span:
+    return Span.objects.create(
+        trace_id=trace, span_id=f"{n + 1:016x}", name=f"span {n}", start_time=start,
+        start_time_unix_nano=int(start.timestamp() * 1e9), conversation=conversation,
+    )
+
+
+def run_prune(*args: str) -> str:
+    out = StringIO()
+    call_command("prune", *args, stdout=out)
+    return out.getvalue()
+
+
+@time_machine.travel(NOW, tick=False)
+def test_it_deletes_old_conversations_with_every_row_and_artifact_file(artifact_dir, settings):
+    settings.CTXLENS_RETENTION_DAYS = 30
+    old = make_conversation("old", NOW - dt.timedelta(days=31))
+    artifact_file = artifact_dir / Artifact.objects.get(conversation=old).artifact_id
+    assert artifact_file.exists()
+
+    out = run_prune()
+
+    assert not Conversation.objects.filter(pk=old.pk).exists()
+    for model in (Round, LLMCall, ToolCall, CompressionEvent, SkillActivation, Span, Artifact):
+        assert model.objects.count() == 0, model.__name__
+    assert not artifact_file.exists()
+    assert out.count("\n") == 1
+    assert out.startswith("prune: deleted 1 conversations, 3 spans, 1 artifacts and 5 other rows older than 2026-05-02")
+
+
+@time_machine.travel(NOW, tick=False)
+def test_it_keeps_recent_conversations_even_with_old_spans(artifact_dir, settings):
+    settings.CTXLENS_RETENTION_DAYS = 30
+    recent = make_conversation("recent", NOW - dt.timedelta(days=2))
+    # A long-running conversation: its first span is older than the retention, its last activity is not.
+    make_span("f" * 32, 99, NOW - dt.timedelta(days=90), recent)
+
+    out = run_prune()
+
+    assert Conversation.objects.filter(pk=recent.pk).exists()
+    assert Span.objects.filter(conversation=recent).count() == 4
+    assert ToolCall.objects.count() == 1 and Artifact.objects.count() == 1
+    assert "deleted 0 conversations, 0 spans, 0 artifacts" in out
+
+
+@time_machine.travel(NOW, tick=False)
+def test_it_deletes_old_orphan_spans_and_expired_artifacts(artifact_dir):
+    old_orphan = make_span("1" * 32, 0, NOW - dt.timedelta(days=40))
+    new_orphan = make_span("2" * 32, 0, NOW - dt.timedelta(days=1))
+    with time_machine.travel(NOW - dt.timedelta(days=2), tick=False):
+        expired = store_artifact("expired output", ttl_hours=24)
+    live = store_artifact("live output", ttl_hours=72)
+
+    out = run_prune("--days", "30")
+
+    assert not Span.objects.filter(pk=old_orphan.pk).exists()
+    assert Span.objects.filter(pk=new_orphan.pk).exists()
+    assert list(Artifact.objects.values_list("pk", flat=True)) == [live.pk]
+    assert not (artifact_dir / expired.artifact_id).exists()
+    assert (artifact_dir / live.artifact_id).exists()
+    assert "1 spans, 1 artifacts" in out
+
+
+def test_it_deletes_log_records_received_before_the_cutoff(db):
+    with time_machine.travel(NOW - dt.timedelta(days=45), tick=False):
+        SpanLog.objects.create(trace_id="5" * 32, event_name="gen_ai.user.message", digest="old")
+    with time_machine.travel(NOW - dt.timedelta(days=3), tick=False):
+        SpanLog.objects.create(trace_id="6" * 32, event_name="gen_ai.user.message", digest="new")
+
+    with time_machine.travel(NOW, tick=False):
+        out = run_prune("--days", "30")
+
+    assert list(SpanLog.objects.values_list("digest", flat=True)) == ["new"]
+    assert "and 1 other rows" in out
+
+
+@time_machine.travel(NOW, tick=False)
+def test_days_override_the_setting(artifact_dir, settings):
+    settings.CTXLENS_RETENTION_DAYS = 365
+    make_conversation("ten-days", NOW - dt.timedelta(days=10))
+    make_conversation("one-day", NOW - dt.timedelta(days=1))
+
+    assert "deleted 0 conversations" in run_prune()
+    assert "deleted 1 conversations" in run_prune("--days", "7")
+    assert list(Conversation.objects.values_list("external_id", flat=True)) == ["one-day"]
+
+
+@time_machine.travel(NOW, tick=False)
+def test_dry_run_counts_and_deletes_nothing(artifact_dir):
+    make_conversation("old", NOW - dt.timedelta(days=60), spans=4)
+    make_span("3" * 32, 0, NOW - dt.timedelta(days=60))
+
+    out = run_prune("--days", "30", "--dry-run")
+
+    assert out.startswith("prune: would delete 1 conversations, 5 spans, 1 artifacts and 5 other rows")
+    assert Conversation.objects.count() == 1 and Span.objects.count() == 5 and Artifact.objects.count() == 1
+
+
+@time_machine.travel(NOW, tick=False)
+def test_it_deletes_in_batches_of_the_given_size(artifact_dir):
+    make_conversation("big", NOW - dt.timedelta(days=60), spans=25)
+    for n in range(7):
+        make_span("4" * 32, n, NOW - dt.timedelta(days=60))
+
+    result = prune(30, batch_size=10)
+
+    assert Span.objects.count() == 0 and Conversation.objects.count() == 0
+    assert result.spans == 32
+    # 25 conversation spans in 3 batches, 7 orphans in 1, one batch per other row kind, one for the conversation.
+    assert result.batches == 3 + 1 + 6 + 1
+
+
+@time_machine.travel(NOW, tick=False)
+def test_it_rejects_a_retention_below_one_day(artifact_dir):
+    with pytest.raises(CommandError, match="at least 1"):
+        run_prune("--days", "0")
+
+
+@time_machine.travel(NOW, tick=False)
+def test_it_keeps_an_artifact_a_current_tool_call_still_uses(artifact_dir, settings):
+    """Artifacts are content-addressed and keep their first owner: the same output in a later
+    conversation links the old conversation's artifact, which must outlive its first owner."""
+    settings.CTXLENS_RETENTION_DAYS = 30
+    old = make_conversation("old", NOW - dt.timedelta(days=31))
+    shared = Artifact.objects.get(conversation=old)
+    current = make_conversation("current", NOW - dt.timedelta(days=1))
+    call = ToolCall.objects.get(conversation=current)
+    call.artifact = shared  # the same output again: the same artifact
+    call.save()
+
+    out = run_prune()
+
+    assert not Conversation.objects.filter(pk=old.pk).exists()
+    assert ToolCall.objects.get(pk=call.pk).artifact_id == shared.pk
+    assert (artifact_dir / shared.artifact_id).exists()
+    assert Artifact.objects.get(pk=shared.pk).conversation_id == current.pk  # handed to the conversation using it
+    assert "deleted 1 conversations, 3 spans, 0 artifacts" in out
+
+    with time_machine.travel(NOW + dt.timedelta(days=60), tick=False):  # once the user goes too, so does it
+        run_prune()
+    assert not Artifact.objects.exists() and not (artifact_dir / shared.artifact_id).exists()
