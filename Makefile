@@ -6,7 +6,7 @@ PORT ?= 8000
 HOST ?= 127.0.0.1
 PYTEST_ARGS ?=
 
-.PHONY: run serve test install install-test chromium migrate bench fuzz clean
+.PHONY: run serve static test install install-test chromium migrate bench fuzz clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -27,10 +27,15 @@ install-test: $(VENV)/.installed-test
 migrate: install
 	$(BIN)/python manage.py migrate --no-input
 
+# Hashed, compressed copies of static/ in var/staticfiles, which the app serves (WhiteNoise).
+static: install
+	$(BIN)/python manage.py collectstatic --no-input --verbosity 0
+
 # Serve HTTP and websockets on one port with uvicorn (measured faster than daphne for large
-# OTLP bodies; `daphne config.asgi:application` works as well). With CTXLENS_OTLP_GRPC_PORT set,
+# OTLP bodies; `daphne config.asgi:application` works as well). DEBUG is off unless DEBUG=1;
+# static files come from var/staticfiles (`make static`). With CTXLENS_OTLP_GRPC_PORT set,
 # OTLP/gRPC ingest runs beside it on that port and stops with it.
-run: migrate
+run: migrate static
 	$(BIN)/python manage.py bootstrap
 	@if [ "$${CTXLENS_OTLP_GRPC_PORT:-0}" != "0" ]; then \
 		$(BIN)/python manage.py serve_otlp_grpc --host $(HOST) & grpc=$$!; \
@@ -38,7 +43,7 @@ run: migrate
 	fi; \
 	$(BIN)/uvicorn config.asgi:application --host $(HOST) --port $(PORT) --lifespan off --log-level warning
 
-serve: install
+serve: static
 	$(BIN)/uvicorn config.asgi:application --host $(HOST) --port $(PORT) --lifespan off --log-level warning
 
 # Browser tests drive Debian's chromium; install it when it is missing.

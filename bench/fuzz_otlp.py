@@ -46,7 +46,7 @@ def targets():
     from hypothesis import given
     from hypothesis import strategies as st
 
-    from pipeline.ingest.store import store_spans
+    from pipeline.ingest.write.store import store_spans
     from tests import otlp_fuzz
     from tests.agent_traces import record_turns
 

@@ -2,8 +2,8 @@
 
 Starts the app under uvicorn (as `make run` does) on a fresh temporary SQLite database — or on
 DATABASE_URL when it is set (e.g. PostgreSQL) — creates an ingest key, and drives the team's
-standard load (/work/shared/bench/otlp_load.py): OTLP protobuf batches of 100 agent spans
-(~3.5 KB each) from 4 concurrent senders. "Queryable" means every span is committed and no
+standard load (../shared/bench/otlp_load.py beside the repository, or CTXLENS_OTLP_LOAD): OTLP
+protobuf batches of 100 agent spans (~3.5 KB each) from 4 concurrent senders. "Queryable" means every span is committed and no
 row is still waiting for its deferred token counts (tokens_pending); the lag is the time from
 the last response until then.
 
@@ -31,7 +31,15 @@ from pathlib import Path
 import httpx
 
 ROOT = Path(__file__).resolve().parent.parent
-LOAD_SCRIPT = Path(os.environ.get("CTXLENS_OTLP_LOAD", "/work/shared/bench/otlp_load.py"))
+
+
+def default_load_script(root: Path = ROOT) -> Path:
+    """The team's load generator, in the shared directory beside the repository (../shared), so
+    the benchmark runs from any checkout without an absolute path."""
+    return root.parent / "shared" / "bench" / "otlp_load.py"
+
+
+LOAD_SCRIPT = Path(os.environ.get("CTXLENS_OTLP_LOAD") or default_load_script())
 
 
 def free_port() -> int:

@@ -36,14 +36,15 @@ from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, System
 from langchain_core.tools import tool  # noqa: E402
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult  # noqa: E402
 
-from pipeline.compression import CompressionStrategy, ContextCompressor  # noqa: E402
-from pipeline.demo.fake_model import ScriptedChatModel  # noqa: E402
-from pipeline.protocol import ExecutionContext  # noqa: E402
-from pipeline.summariser import Summariser  # noqa: E402
-from pipeline.telemetry import Telemetry  # noqa: E402
-from pipeline.tracing import ObservabilityConfig  # noqa: E402
-from pipeline.tokens import count_conversation_tokens  # noqa: E402
-from pipeline.tools import ToolExecutor  # noqa: E402
+from pipeline.adapters import in_process_telemetry, server_cache, tool_adapters  # noqa: E402
+from pipeline.runtime.compression import CompressionStrategy, ContextCompressor  # noqa: E402
+from pipeline.runtime.demo.fake_model import ScriptedChatModel  # noqa: E402
+from pipeline.runtime.protocol import ExecutionContext  # noqa: E402
+from pipeline.runtime.summariser import Summariser  # noqa: E402
+from pipeline.runtime.telemetry.spans import Telemetry  # noqa: E402
+from pipeline.runtime.telemetry.config import ObservabilityConfig  # noqa: E402
+from pipeline.tokens.counting import count_conversation_tokens  # noqa: E402
+from pipeline.runtime.executor import ToolExecutor  # noqa: E402
 
 MODEL = "claude-3-5-sonnet"
 
@@ -76,11 +77,11 @@ def per_call(telemetry: Telemetry, executor: ToolExecutor, inline: bool) -> Call
 
 def bench_tool_calls(calls: int) -> None:
     call_command("migrate", verbosity=0)
-    executor = ToolExecutor([noop], model="gpt-4o")
+    executor = ToolExecutor([noop], model="gpt-4o", **tool_adapters())
     telemetries = {
         "off": Telemetry.disabled(),
-        "on, no-op exporter": Telemetry.from_config(ObservabilityConfig(in_process=False), exporters=[DropExporter()]),
-        "on, in-process store": Telemetry.from_config(ObservabilityConfig(in_process=True)),
+        "on, no-op exporter": Telemetry.from_config(ObservabilityConfig(), exporters=[DropExporter()]),
+        "on, in-process store": in_process_telemetry(ObservabilityConfig()),
     }
     variants: dict[str, Callable[[int], None]] = {"bare tool.invoke()": lambda n: noop.invoke({"value": n})}
     for name, telemetry in telemetries.items():
@@ -121,7 +122,8 @@ def conversation(target_tokens: int) -> list[BaseMessage]:
 def bench_compression(repeat: int) -> None:
     messages = conversation(200_000)
     tokens = count_conversation_tokens(messages, MODEL)
-    summariser = Summariser(ScriptedChatModel.from_script(iter(lambda: "summary", None)), model=MODEL, max_cost_per_hour=1e9)
+    summariser = Summariser(ScriptedChatModel.from_script(iter(lambda: "summary", None)), model=MODEL, max_cost_per_hour=1e9,
+                            cache=server_cache())
     print(f"\nCompressing a {tokens:,}-token conversation ({len(messages)} messages, {MODEL}, 200k window), "
           f"median of {repeat} (ms):")
     for strategy in CompressionStrategy:

@@ -29,7 +29,7 @@ django.setup()
 
 import tiktoken  # noqa: E402
 
-from pipeline.tokens import count_tokens, model_profile  # noqa: E402
+from pipeline.tokens.counting import count_tokens, model_profile  # noqa: E402
 
 MODEL = "anthropic/claude-3-5-sonnet-20241022"
 WORDS = (

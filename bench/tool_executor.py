@@ -27,9 +27,10 @@ WORK = django_in_temp_dir()
 from django.core.management import call_command  # noqa: E402
 from langchain_core.tools import tool  # noqa: E402
 
-from pipeline.artifacts import store_artifact  # noqa: E402
-from pipeline.protocol import CachePolicy  # noqa: E402
-from pipeline.tools import ToolExecutor  # noqa: E402
+from pipeline.artifacts.store import store_artifact  # noqa: E402
+from pipeline.runtime.protocol import CachePolicy  # noqa: E402
+from pipeline.runtime.executor import ToolExecutor  # noqa: E402
+from pipeline.adapters import tool_adapters  # noqa: E402
 
 
 @tool
@@ -50,7 +51,7 @@ def main() -> None:
     parser.add_argument("--artifacts", type=int, default=20)
     args = parser.parse_args()
     call_command("migrate", verbosity=0)
-    executor = ToolExecutor([noop], model="gpt-4o")
+    executor = ToolExecutor([noop], model="gpt-4o", **tool_adapters())
     call = {"id": "call_1", "name": "noop", "args": {"value": 1}}
     executor.execute_tool_call(call, cache_policy=CachePolicy.SHORT)  # warm the cache and tiktoken
     variants: dict[str, Callable[[], object]] = {
