@@ -271,12 +271,16 @@ def _guarded(work: Callable[[], T]) -> T | Failed:
     except ArtifactStorageError as error:  # a full artifact disk: nothing was stored
         logger.error("ingest answered UNAVAILABLE: %s", error)
         return Failed(Kind.UNAVAILABLE, str(error), RETRY_STORAGE_SECONDS)
+    # Retry-After only for a lock (SQLite's one writer: a moment). A lost or refused connection
+    # gets none, so the exporters back off exponentially (1, 2, 4, 8 … s) and ride out a
+    # PostgreSQL restart; a fixed 1 s would spend their six tries in six seconds.
     except (OperationalError, InterfaceError) as error:  # locked, or the connection was lost
         logger.warning("ingest answered UNAVAILABLE: %s", error)
-        return Failed(Kind.UNAVAILABLE, "the database is busy; retry later", RETRY_BUSY_SECONDS)
+        locked = "locked" in str(error)
+        return Failed(Kind.UNAVAILABLE, "the database is busy; retry later", RETRY_BUSY_SECONDS if locked else 0)
     except DatabaseError:
         logger.exception("ingest failed")
-        return Failed(Kind.UNAVAILABLE, "the database could not store the batch; retry later", RETRY_BUSY_SECONDS)
+        return Failed(Kind.UNAVAILABLE, "the database could not store the batch; retry later")
     except Exception:  # the last resort: logged in full for the operator, said in one line to the client
         logger.exception("ingest failed with an unexpected error")
         return Failed(Kind.INTERNAL, "the server failed to store this request (nothing was stored); "

@@ -11,7 +11,8 @@ reading the body; it passes the key on in the scope.
 This module only translates an outcome into what OTLP clients expect: 200 with an
 Export*ServiceResponse (partial_success when some items were rejected), 400 malformed, 401/403
 key, 413 too large, 415 content type or encoding, 429 + Retry-After when the key is over its
-rate, 503 + Retry-After when the database is busy or the server holds too many bodies
+rate, 503 when the database is busy or unreachable (+ Retry-After when it is locked or the
+server holds too many bodies)
 (exporters retry 429 and 503; they do
 not retry 500).
 """

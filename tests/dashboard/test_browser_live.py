@@ -66,8 +66,10 @@ def test_a_burst_of_ingest_reaches_the_page_as_a_few_messages_that_miss_nothing(
     # Coalesced: at most one message per interval while the burst lasted, plus a last one.
     assert len(changes) <= (sent - started) / interval_ms + 2, (len(changes), sent - started)
     assert len(changes) < BURST
-    gaps = [b[0] - a[0] for a, b in zip(changes, changes[1:])]
-    assert all(gap >= 0.8 * interval_ms for gap in gaps), gaps
+    # The page's clock sees delivery jitter, which can move one message towards the next; what
+    # it cannot do is put three messages inside two intervals.
+    arrivals = [at for at, _ in changes]
+    assert all(c - a >= 1.6 * interval_ms for a, c in zip(arrivals, arrivals[2:])), arrivals
 
 
 def test_the_list_reconnects_after_a_server_restart_and_catches_up(uvicorn_factory, artifact_dir, page, alice):
