@@ -370,3 +370,15 @@ def count_conversation_tokens(messages: Iterable[Any], model: str | None = None)
     """The sum of `count_message_tokens` over the messages, or a registered provider counter's
     exact count for the model."""
     return count_messages(list(messages), model).tokens
+
+
+def scale_to_total(sizes: dict[str, int], total: int) -> dict[str, int]:
+    """`sizes` rescaled to add up to `total` exactly (the rounding drift goes to the largest):
+    how a per-category split follows a count the provider gave."""
+    measured = sum(sizes.values())
+    if not measured:
+        return sizes
+    scaled = {k: round(v * total / measured) for k, v in sizes.items()}
+    largest = max(scaled, key=scaled.__getitem__)
+    scaled[largest] += total - sum(scaled.values())
+    return scaled
