@@ -154,9 +154,10 @@ def model_profile(model: str | None) -> ModelProfile:
     margin = override.margin if override.margin is not None else settings.margin
     try:
         encoder = encodings.get_encoder(encoding_name)
-    except encodings.EncodingUnavailable:  # a registered encoding was removed after the file named it
+    except encodings.EncodingUnavailable as exc:  # unregistered since the file named it, or a bad file
+        logger.warning("%s; counting %s with %s", exc, model or "an unnamed model", DEFAULT_ENCODING)
         encoder = encodings.get_encoder(DEFAULT_ENCODING)
-    exact_tokenizer = encoding_name == own or (encoder.exact and encoding_name not in encodings.BUILTIN)
+    exact_tokenizer = encoder.name == own or (encoder.exact and encoder.name not in encodings.BUILTIN)
     counter = None
     if override.exact_counting is not False:
         counter = next((c for p, c in _exact_counters.items() if fnmatchcase(name, p) or fnmatchcase(model_id, p)), None)

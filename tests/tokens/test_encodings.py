@@ -28,7 +28,8 @@ from pipeline.tokens.counting import (
     register_exact_counter,
     unregister_exact_counter,
 )
-from pipeline.tokens.encodings import O200K_FILE, register_encoding, unregister_encoding
+from pipeline.tokens import encodings
+from pipeline.tokens.encodings import O200K_FILE, EncodingUnavailable, register_encoding, unregister_encoding
 
 O200K_URL = "https://openaipublic.blob.core.windows.net/encodings/o200k_base.tiktoken"
 CHINESE_51 = "上下文窗口快满了，压缩策略会先截断低重要性的系统消息，再提取工具观察结果中的关键字段并记录。"
@@ -69,6 +70,15 @@ def mixed_sample(size: int = 10_240) -> str:
 
 def test_vendored_o200k_file_has_tiktokens_pinned_sha256():
     assert hashlib.sha256(O200K_FILE.read_bytes()).hexdigest() == tiktokens_pinned_hash()
+
+
+def test_a_tampered_o200k_file_is_refused_at_load_without_naming_its_path(tmp_path, monkeypatch):
+    tampered = tmp_path / "o200k_base.tiktoken"
+    tampered.write_bytes(O200K_FILE.read_bytes().replace(b" 100\n", b" 101\n", 1))
+    monkeypatch.setattr(encodings, "O200K_FILE", tampered)
+    with pytest.raises(EncodingUnavailable, match="does not match tiktoken's pinned sha256") as refused:
+        encodings._o200k()
+    assert str(tmp_path) not in str(refused.value)
 
 
 def test_gpt4o_counts_equal_tiktokens_o200k_on_a_mixed_10kb_sample(tiktoken_o200k):
