@@ -37,6 +37,7 @@ class ContextBar:
     window: int | None
     used: int
     segments: list[Segment]  # categories with tokens, then free space
+    approximate: bool = False  # counted with a tokenizer that only approximates the model's: "≈"
 
     @property
     def percent_used(self) -> float | None:
@@ -51,7 +52,8 @@ class ContextBar:
         """One line for screen readers and tooltips."""
         parts = ", ".join(f"{s.label} {s.tokens:,}" for s in self.segments)
         scale = f" of {self.window:,}" if self.window else ""
-        return f"{self.used:,}{scale} tokens used: {parts}"
+        about = "about " if self.approximate else ""
+        return f"{about}{self.used:,}{scale} tokens used: {parts}"
 
 
 def _tokens(value: object) -> int:
@@ -78,7 +80,7 @@ def context_bar(call: LLMCall) -> ContextBar:
     if window and window > used_total:
         free = window - used_total
         segments.append(Segment("free", LABELS["free"], free, 100.0 * free / scale))
-    return ContextBar(window=window, used=used_total, segments=segments)
+    return ContextBar(window=window, used=used_total, segments=segments, approximate=call.tokens_approximate)
 
 
 def usage_series(calls: list[LLMCall]) -> dict[str, object]:

@@ -46,6 +46,10 @@ CONTEXT_CATEGORIES = (
     "free",
 )
 
+# On chat and execute_tool spans from ctxlens's runtime: its context composition / observation
+# tokens were counted with a tokenizer that only approximates the model's (no public one).
+TOKENS_APPROXIMATE = "ctxlens.tokens.approximate"
+
 # On execute_tool spans.
 TOOL_OUTPUT_LEVEL = "ctxlens.tool.output_level"  # brief | standard | full
 TOOL_ARTIFACT_ID = "ctxlens.tool.artifact_id"

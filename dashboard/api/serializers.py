@@ -35,6 +35,10 @@ class ConversationSerializer(serializers.ModelSerializer):
 
 
 class LLMCallSerializer(serializers.ModelSerializer):
+    approximate = serializers.BooleanField(
+        source="tokens_approximate", read_only=True,
+        help_text="Token counts ctxlens computed with a tokenizer that only approximates the model's")
+
     class Meta:
         model = LLMCall
         fields = [
@@ -42,18 +46,22 @@ class LLMCallSerializer(serializers.ModelSerializer):
             "operation", *TIMING, "input_tokens", "output_tokens", "total_tokens", "cache_read_tokens",
             "cache_write_tokens", "reasoning_tokens", "context_window", "context_tokens",
             "context_composition", "input_messages", "output_messages", "finish_reason", "tokens_estimated",
+            "approximate",
         ]
 
 
 class ToolCallSerializer(serializers.ModelSerializer):
     artifact_id = serializers.SlugRelatedField(source="artifact", slug_field="artifact_id", read_only=True)
+    approximate = serializers.BooleanField(
+        source="tokens_approximate", read_only=True,
+        help_text="observation_tokens counted with a tokenizer that only approximates the model's")
 
     class Meta:
         model = ToolCall
         fields = [
             "id", "trace_id", "span_id", "llm_call", "tool_name", "tool_call_id", "arguments", "observation",
             "observation_tokens", "tokens_estimated", "output_level", "success", *TIMING, "error_code",
-            "retry_count", "artifact_id",
+            "retry_count", "artifact_id", "approximate",
         ]
 
 

@@ -50,6 +50,8 @@ class LLMCall(SpanRecordMixin):
     tokens_pending = models.BooleanField(default=False)
     # Counted by ctxlens from text too long to tokenise whole: the head exactly, the rest by its rate.
     tokens_estimated = models.BooleanField(default=False)
+    # Counted with a tokenizer that only approximates the model's (no public one): shown as "≈".
+    tokens_approximate = models.BooleanField(default=False)
 
     class Meta:
         ordering = ["started_at"]
@@ -87,6 +89,7 @@ class ToolCall(SpanRecordMixin):
     )
     tokens_pending = models.BooleanField(default=False)  # observation_tokens still to count
     tokens_estimated = models.BooleanField(default=False)  # observation_tokens estimated past the exact cap
+    tokens_approximate = models.BooleanField(default=False)  # counted with an approximating tokenizer: "≈"
 
     class Meta:
         ordering = ["started_at"]

@@ -21,7 +21,13 @@ from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, System
 
 from pipeline.runtime.settings import runtime_settings
 from pipeline.semconv import CONTEXT_CATEGORIES
-from pipeline.tokens.counting import context_window, count_message_tokens
+from pipeline.tokens.counting import (
+    context_window,
+    count_message_tokens,
+    count_messages,
+    is_approximate,
+    scale_to_total,
+)
 
 MARKER = "ctxlens"
 SUMMARY_CATEGORY = "compressed_summaries"
@@ -92,6 +98,7 @@ class ContextUsage:
     window: int
     by_category: dict[str, int]
     messages: int
+    approximate: bool = False  # counted with a tokenizer that only approximates the model's
 
     @property
     def tokens(self) -> int:
@@ -108,15 +115,27 @@ class ContextUsage:
 def measure(
     messages: Sequence[BaseMessage], model: str, window: int | None = None, tokens: Sequence[int] | None = None
 ) -> ContextUsage:
-    """Token accounting of a conversation by category; pass `tokens` when already counted."""
+    """Token accounting of a conversation by category; pass `tokens` when already counted.
+
+    Counted with pipeline.tokens.counting's one rule (the dashboard counts stored messages the
+    same way); when a provider's exact counter is registered for the model, its total is the
+    truth and the categories are scaled to it."""
     window = window or context_window(model)
-    counts = tokens if tokens is not None else message_tokens(messages, model)
+    exact_total = None
+    approximate = is_approximate(model)
+    if tokens is None:
+        counted = count_messages(messages, model)
+        tokens, approximate = counted.per_message, counted.approximate
+        exact_total = counted.tokens if counted.exact_total else None
     by_category = dict.fromkeys(CONTEXT_CATEGORIES, 0)
-    for message, count in zip(messages, counts, strict=True):
+    for message, count in zip(messages, tokens, strict=True):
         by_category[category_of(message)] += count
+    if exact_total is not None:
+        by_category = scale_to_total(by_category, exact_total)
     used = sum(by_category.values())
     by_category["free"] = max(window - used, 0)
-    return ContextUsage(model=model, window=window, by_category=by_category, messages=len(messages))
+    return ContextUsage(model=model, window=window, by_category=by_category, messages=len(messages),
+                        approximate=approximate)
 
 
 def needs_compression(usage: ContextUsage, threshold: float | None = None) -> bool:

@@ -59,7 +59,7 @@ from pipeline.runtime.protocol import (
     classify_exception,
 )
 from pipeline.runtime.settings import runtime_settings
-from pipeline.tokens.counting import count_tokens
+from pipeline.tokens.counting import count_tokens, is_approximate
 
 logger = logging.getLogger(__name__)
 
@@ -299,6 +299,7 @@ class ToolExecutor:
     def _finish(self, result: ToolExecutionResult, started: float, ctx: ExecutionContext) -> ToolExecutionResult:
         result.duration_ms = _ms(started)
         result.observation_tokens = count_tokens(result.content, self._model(ctx))
+        result.observation_tokens_approximate = is_approximate(self._model(ctx))
         return result
 
     def _redact(self, message: str) -> str:

@@ -258,6 +258,7 @@ class ToolExecutionResult:
     error_message: str | None = None
     duration_ms: float = 0.0
     observation_tokens: int = 0
+    observation_tokens_approximate: bool = False  # counted with a tokenizer that approximates the model's
     cache_hit: bool = False
     attempts: list[dict[str, Any]] = field(default_factory=list)  # per attempt: error type and timeout
 

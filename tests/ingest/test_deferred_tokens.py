@@ -47,7 +47,7 @@ def test_messages_rebuilt_by_a_log_batch_while_tokens_are_counted_get_counted_to
 def test_a_huge_prompt_without_counts_is_estimated_past_the_cap_and_marked(client, alice):
     """Tokenising ~1 s per MB on the writer made a 20 MB prompt stall every other export: a
     message is counted exactly up to MAX_EXACT_CHARS and estimated past it, and the call says so."""
-    from pipeline.tokens.counting import MAX_EXACT_CHARS, count_tokens
+    from pipeline.tokens.counting import MAX_EXACT_CHARS, MESSAGE_OVERHEAD, count_tokens
 
     prompt = " ".join(f"row {i}: revenue {i * 37 % 1000} EUR, region {i % 7};" for i in range(60_000))
     assert len(prompt) > 20 * MAX_EXACT_CHARS
@@ -62,21 +62,21 @@ def test_a_huge_prompt_without_counts_is_estimated_past_the_cap_and_marked(clien
     exact = count_tokens(prompt, "gpt-4o")
     assert call.tokens_estimated and not call.tokens_pending
     assert abs(call.input_tokens - exact) <= 0.05 * exact
-    assert call.output_tokens == count_tokens(small, "gpt-4o")  # short text stays exact
+    assert call.output_tokens == count_tokens(small, "gpt-4o") + MESSAGE_OVERHEAD  # short text stays exact
     client.force_login(alice)
     detail = client.get(f"/api/conversations/{call.conversation_id}/").json()
     assert detail["rounds"][0]["llm_calls"][0]["tokens_estimated"] is True
 
 
 def test_short_messages_are_counted_exactly_and_not_marked():
-    from pipeline.tokens.counting import count_tokens
+    from pipeline.tokens.counting import MESSAGE_OVERHEAD, count_tokens
 
     store_spans([_chat_without_messages_or_counts()],
                 logs=[_log(1, "gen_ai.user.message", {"content": "What is the weather in Paris today?"})])
     deferred.complete_pending()
     call = LLMCall.objects.get()
     assert not call.tokens_estimated
-    assert call.input_tokens == count_tokens("What is the weather in Paris today?", "gpt-4o")
+    assert call.input_tokens == count_tokens("What is the weather in Paris today?", "gpt-4o") + MESSAGE_OVERHEAD
 
 
 def test_a_row_that_cannot_be_counted_does_not_hold_back_the_rows_behind_it(caplog):

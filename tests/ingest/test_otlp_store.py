@@ -299,13 +299,19 @@ def test_spans_without_token_counts_are_counted_after_the_response():
     deferred.complete_pending()
     assert not LLMCall.objects.filter(tokens_pending=True).exists()
     assert not ToolCall.objects.filter(tokens_pending=True).exists()
-    # What the model read and wrote, tokenised here from the trace's own text, not from stored rows.
-    from pipeline.tokens.counting import count_tokens
+    # What the model read and wrote, counted here as the runtime counts the same LangChain
+    # messages (one rule: per-message overhead, tool call ids, names and arguments), not from stored rows.
+    from langchain_core.messages import AIMessage, HumanMessage
 
-    asked = count_tokens("Find ctx", "gpt-4o")
-    answered = count_tokens('search({"q": "ctx"})\nfetch({"url": "http://x"})', "gpt-4o")
+    from pipeline.tokens.counting import count_message_tokens, count_tokens
+
+    asked = count_message_tokens(HumanMessage("Find ctx"), "gpt-4o")
+    answered = count_message_tokens(AIMessage("", tool_calls=[
+        {"id": "call_a", "name": "search", "args": {"q": "ctx"}},
+        {"id": "call_b", "name": "fetch", "args": {"url": "http://x"}}]), "gpt-4o")
     first = LLMCall.objects.get(span_id=CHAT1)
-    assert (first.input_tokens, first.output_tokens) == (asked, answered) == (2, 16)
+    assert (first.input_tokens, first.output_tokens) == (asked, answered)
+    assert asked == count_tokens("Find ctx", "gpt-4o") + 4
     assert first.context_composition["user"] == asked
     assert ToolCall.objects.get(span_id=TOOL1).observation_tokens == count_tokens("3 hits", "gpt-4o") == 2
     assert Conversation.objects.get().input_tokens == sum(LLMCall.objects.values_list("input_tokens", flat=True))

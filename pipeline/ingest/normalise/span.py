@@ -233,6 +233,7 @@ def llm_fields(record: SpanRecord) -> dict[str, Any]:
         "context_window": window,
         "context_tokens": first_count(attrs, sc.CONTEXT_TOKENS),
         "context_composition": composition,
+        "tokens_approximate": attrs.get(sc.TOKENS_APPROXIMATE) is True,
         "input_messages": input_messages,
         "output_messages": output_messages,
         "finish_reason": _finish_reason(attrs, output_messages),
@@ -267,6 +268,7 @@ def tool_fields(record: SpanRecord) -> dict[str, Any]:
         "error_code": first_str(attrs, sc.TOOL_ERROR_CODE)[:64],
         "retry_count": max(0, first_count(attrs, sc.TOOL_RETRY_COUNT) or 0),
         "artifact_ref": first_str(attrs, sc.TOOL_ARTIFACT_ID),
+        "tokens_approximate": observation_tokens is not None and attrs.get(sc.TOKENS_APPROXIMATE) is True,
         "tokens_pending": observation_tokens is None and bool(observation),
     }
 

@@ -31,13 +31,13 @@ from typing import Any
 
 from django.db import OperationalError, connections, transaction
 
-from pipeline.ingest.normalise.composition import composition_from_tokens
-from pipeline.ingest.normalise.messages import message_text
+from pipeline.ingest.normalise.composition import composition_from_counts
 from pipeline.ingest.write import sql
 from pipeline.ingest.write.sql import update_rows
 from pipeline.ingest.write.writer_threads import writer
 from pipeline.models import Conversation, LLMCall, ToolCall
 from pipeline.signals import empty_changes, ingest_committed
+from pipeline.tokens.counting import MessageCounts
 
 logger = logging.getLogger(__name__)
 
@@ -46,13 +46,14 @@ CHUNK = 200
 
 LLM_COLUMNS = ("id", "model", "round_id", "conversation_id", "input_messages", "output_messages", "input_tokens",
                "output_tokens", "total_tokens", "context_window", "context_tokens", "context_composition",
-               "tokens_estimated")
+               "tokens_estimated", "tokens_approximate")
 LLM_FILLED = ["input_tokens", "output_tokens", "total_tokens", "context_window", "context_tokens",
-              "context_composition", "tokens_estimated", "tokens_pending"]
+              "context_composition", "tokens_estimated", "tokens_approximate", "tokens_pending"]
 # What the counts are computed from: a row whose content changed after it was counted is counted again.
 LLM_CONTENT = ("model", "input_messages", "output_messages", *LLM_FILLED[:-1])
 TOOL_COLUMNS = ("id", "round_id", "conversation_id", "observation", "observation_tokens", "tokens_estimated",
-                "llm_call__model")
+                "tokens_approximate", "llm_call__model")
+TOOL_FILLED = ["observation_tokens", "tokens_estimated", "tokens_approximate", "tokens_pending"]
 
 
 def _llm_content(call: LLMCall) -> tuple:
@@ -64,43 +65,47 @@ def _tool_content(tool: ToolCall) -> tuple:
 
 
 def _count_llm_call(call: LLMCall) -> tuple[int, int]:
-    """Fill what the span did not count; returns the (input, output) tokens added."""
-    from pipeline.tokens.counting import context_window
+    """Fill what the span did not count; returns the (input, output) tokens added. Each message
+    is tokenised once, by the runtime's rule (pipeline.tokens.counting.count_messages), and
+    those per-message counts give both the input total and the composition."""
+    from pipeline.tokens.counting import MAX_EXACT_CHARS, context_window, count_messages
 
     added_in = added_out = 0
-    if not call.input_tokens and call.input_messages:
-        call.input_tokens = added_in = _count_messages(call, call.input_messages)
+    counted_in = None
+    if call.input_messages and (not call.input_tokens or not call.context_composition):
+        counted_in = count_messages(call.input_messages, call.model, max_chars=MAX_EXACT_CHARS, exact=False)
+    if not call.input_tokens and counted_in is not None:
+        call.input_tokens = added_in = counted_in.tokens
+        _mark(call, counted_in)
     if not call.output_tokens and call.output_messages:
-        call.output_tokens = added_out = _count_messages(call, call.output_messages)
+        counted_out = count_messages(call.output_messages, call.model, max_chars=MAX_EXACT_CHARS, exact=False)
+        call.output_tokens = added_out = counted_out.tokens
+        _mark(call, counted_out)
     call.total_tokens = max(call.total_tokens, call.input_tokens + call.output_tokens)
-    if not call.context_composition and call.input_messages:
+    if not call.context_composition and counted_in is not None:
         window = call.context_window or context_window(call.model)
-        call.context_composition = composition_from_tokens(call.input_messages, call.model, call.input_tokens, window)
+        call.context_composition = composition_from_counts(
+            call.input_messages, counted_in.per_message, call.input_tokens, window)
         call.context_tokens = call.context_tokens or sum(
             v for k, v in call.context_composition.items() if k != "free"
         )
         call.context_window = window
+        call.tokens_approximate = call.tokens_approximate or counted_in.approximate
     call.tokens_pending = False
     return added_in, added_out
 
 
-def _count_messages(call: LLMCall, messages: list) -> int:
-    """Each message exact up to MAX_EXACT_CHARS, estimated past it (and the call marked so)."""
-    from pipeline.tokens.counting import count_tokens_bounded
-
-    total = 0
-    for message in messages:
-        tokens, estimated = count_tokens_bounded(message_text(message), call.model)
-        total += tokens
-        call.tokens_estimated = call.tokens_estimated or estimated
-    return total
+def _mark(call: LLMCall, counted: MessageCounts) -> None:
+    call.tokens_estimated = call.tokens_estimated or counted.estimated
+    call.tokens_approximate = call.tokens_approximate or counted.approximate
 
 
 def _count_tool_call(tool: ToolCall) -> None:
-    from pipeline.tokens.counting import count_tokens_bounded
+    from pipeline.tokens.counting import count_tokens_bounded, is_approximate
 
-    tool.observation_tokens, tool.tokens_estimated = count_tokens_bounded(
-        tool.observation, tool.llm_call.model if tool.llm_call else None)
+    model = tool.llm_call.model if tool.llm_call else None
+    tool.observation_tokens, tool.tokens_estimated = count_tokens_bounded(tool.observation, model)
+    tool.tokens_approximate = tool.tokens_estimated or is_approximate(model)
     tool.tokens_pending = False
 
 
@@ -164,8 +169,8 @@ def _current(counted: Counted) -> tuple[list[LLMCall], list[ToolCall]]:
     for tool in tools:
         if _tool_content(tool) == counted.read[("tool", tool.pk)]:
             done = before_tools[tool.pk]
-            tool.observation_tokens, tool.tokens_estimated, tool.tokens_pending = (
-                done.observation_tokens, done.tokens_estimated, False)
+            for name in TOOL_FILLED:
+                setattr(tool, name, getattr(done, name))
         else:
             _guarded_count(tool, _count_tool_call, None)
     return calls, tools
@@ -191,7 +196,7 @@ def write_counted(counted: Counted) -> None:
         # a placeholder merged meanwhile moved rows to another conversation: lock that one too
         sql.lock_rows(Conversation, {row.conversation_id for row in (*calls, *tools)})
         update_rows(LLMCall, calls, LLM_FILLED)
-        update_rows(ToolCall, tools, ["observation_tokens", "tokens_estimated", "tokens_pending"])
+        update_rows(ToolCall, tools, TOOL_FILLED)
         added_in = sum(c.added[0] for c in calls)
         added_out = sum(c.added[1] for c in calls)
         rounds = {row.round_id for row in (*calls, *tools) if row.round_id}

