@@ -9,7 +9,14 @@
 timeout, a refused call and a crash included). Tools are LangChain BaseTools (StructuredTool,
 @tool) or plain callables taking keyword arguments. Per-tool defaults may sit in a BaseTool's
 `metadata`: `ctxlens_cache_policy` ("cacheable", "ttl_short" …), `ctxlens_version`, `ctxlens_timeout_ms`,
-`ctxlens_store_artifacts` (False for tools whose results must never become artifacts).
+`ctxlens_store_artifacts` (False for tools whose results must never become artifacts),
+`ctxlens_output_level` (the tool's default level).
+
+Output levels follow the seeds' chain (pipeline.runtime.observations.effective_level): the
+level the model asks for in the call's arguments (`"output_level": "full"`, taken out of the
+arguments unless the tool has such a parameter itself; an unknown level is answered as
+invalid_input) → the tool configuration (`output_levels=` here, CTXLENS_TOOL_OUTPUT_LEVELS,
+the tool's metadata) → BRIEF above 80 % context use → CTXLENS_DEFAULT_OUTPUT_LEVEL.
 
 Deadlines: a tool with a timeout runs in a daemon worker thread that the caller waits on
 (pipeline.runtime.tool_runs). A Python thread cannot be killed, so a tool that overruns keeps
@@ -47,17 +54,20 @@ Adapters (plain Python by default; a server passes its own):
 from __future__ import annotations
 
 import hashlib
+import inspect
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from langchain_core.tools import BaseTool
 
+from pipeline.runtime.artifact_tool import may_store_artifacts
 from pipeline.runtime.artifacts import ArtifactStorageError, ArtifactStore, LocalArtifactStore, redact_paths
 from pipeline.runtime.cache import Cache, InMemoryCache
 from pipeline.runtime.observations import (
+    LEVEL_ARGUMENT,
     OutputLevel,
     effective_level,
     format_artifact_observation,
@@ -117,6 +127,16 @@ def _tool_name(tool: BaseTool | Callable[..., Any]) -> str:
     return tool.name if isinstance(tool, BaseTool) else getattr(tool, "__name__", repr(tool))
 
 
+def _takes(tool: BaseTool | Callable[..., Any], argument: str) -> bool:
+    """Whether the tool has a parameter named `argument`."""
+    if isinstance(tool, BaseTool):
+        return argument in tool.args
+    try:
+        return argument in inspect.signature(tool).parameters
+    except (TypeError, ValueError):
+        return False
+
+
 def _metadata(tool: BaseTool | Callable[..., Any]) -> Mapping[str, Any]:
     return (tool.metadata or {}) if isinstance(tool, BaseTool) else getattr(tool, "ctxlens_metadata", {})
 
@@ -137,6 +157,7 @@ class ToolExecutor:
         artifact_store: ArtifactStore | None = None,
         on_worker_exit: Callable[[], None] | None = None,
         model: str | None = None,
+        output_levels: Mapping[str, OutputLevel | str] | None = None,
     ) -> None:
         self._tools = {_tool_name(tool): tool for tool in tools}
         self.retry_policy = retry_policy
@@ -146,6 +167,11 @@ class ToolExecutor:
         self.on_worker_exit = on_worker_exit
         self.model = model
         self._running = RunningTools()
+        self.output_levels = {tool: OutputLevel.parse(level) for tool, level in (output_levels or {}).items()}
+
+    def add_tool(self, tool: BaseTool | Callable[..., Any]) -> None:
+        """Make one more tool callable (the agent adds its artifact reader this way)."""
+        self._tools[_tool_name(tool)] = tool
 
     @property
     def tool_names(self) -> list[str]:
@@ -174,7 +200,9 @@ class ToolExecutor:
         started = time.perf_counter()
         ctx = context or ExecutionContext()
         name = request.tool_name
-        level = effective_level(request.output_level, name, ctx.context_usage)
+        tool = self._tools.get(name)
+        configured = self._configured_level(name, tool)
+        level = effective_level(request.output_level, name, ctx.context_usage, tool_default=configured)
 
         def refuse(error_type: ToolErrorType, message: str) -> ToolExecutionResult:
             failed = ToolExecutionResult.failure(request.tool_call_id, name, error_type, message, output_level=level)
@@ -182,9 +210,13 @@ class ToolExecutor:
 
         if ctx.modifier is not None and not ctx.modifier.allows(name):
             return refuse(ToolErrorType.PERMISSION_DENIED, f"Tool '{name}' is not allowed by the active skill.")
-        tool = self._tools.get(name)
         if tool is None:
             return refuse(ToolErrorType.NOT_FOUND, f"Unknown tool '{name}'. Available: {', '.join(self.tool_names)}.")
+        try:
+            request = self._with_requested_level(tool, request)
+        except ValueError as exc:
+            return refuse(ToolErrorType.INVALID_INPUT, str(exc))
+        level = effective_level(request.output_level, name, ctx.context_usage, tool_default=configured)
         limit = runtime_settings().max_tool_input_bytes
         if request.input_bytes > limit:
             return refuse(ToolErrorType.INPUT_TOO_LARGE, f"Arguments are {request.input_bytes} bytes; the limit is {limit}.")
@@ -197,6 +229,29 @@ class ToolExecutor:
         if cache_key and result.success:
             self._remember(cache_key, result, request.cache_policy)
         return self._finish(result, started, ctx)
+
+    def _configured_level(self, name: str, tool: BaseTool | Callable[..., Any] | None) -> OutputLevel | None:
+        """The tool configuration's level: this executor's `output_levels`, then CTXLENS_TOOL_OUTPUT_LEVELS,
+        then the tool's own `ctxlens_output_level` metadata."""
+        level = self.output_levels.get(name) or runtime_settings().tool_output_levels.get(name)
+        if level is None and tool is not None:
+            level = _metadata(tool).get("ctxlens_output_level")
+        return OutputLevel.parse(level) if level else None
+
+    @staticmethod
+    def _with_requested_level(tool: BaseTool | Callable[..., Any], request: ToolInvocationRequest) -> ToolInvocationRequest:
+        """The level the model asked for in the call's arguments (`output_level`) becomes the explicit
+        request; the argument is taken out unless the tool itself has a parameter of that name.
+        ValueError names the levels when the model asked for one that does not exist."""
+        if LEVEL_ARGUMENT not in request.parameters:
+            return request
+        asked = request.parameters[LEVEL_ARGUMENT]
+        parameters = request.parameters if _takes(tool, LEVEL_ARGUMENT) else {
+            key: value for key, value in request.parameters.items() if key != LEVEL_ARGUMENT
+        }
+        if asked is None:
+            return replace(request, parameters=parameters)
+        return replace(request, parameters=parameters, output_level=OutputLevel.parse(asked))
 
     def _run_with_retries(
         self, tool: BaseTool | Callable[..., Any], request: ToolInvocationRequest, level: OutputLevel, ctx: ExecutionContext
@@ -286,7 +341,7 @@ class ToolExecutor:
             tool_call_id=request.tool_call_id, tool_name=request.tool_name, observation="", success=True,
             output_level=level, data_size_bytes=len(data), data_hash=hashlib.sha256(data).hexdigest(),
         )
-        storable = _metadata(tool).get("ctxlens_store_artifacts", True)
+        storable = may_store_artifacts(tool)
         if storable and (level is OutputLevel.FULL or len(data) > runtime_settings().artifact_threshold_bytes):
             summary = summarize(raw)
             tokens = count_tokens(text, self._model(ctx)) if len(data) <= MAX_COUNTED_ARTIFACT_BYTES else None
