@@ -269,6 +269,7 @@ class ToolExecutor:
                 run = self._running.get(key)
                 if run is not None:
                     attempt["adopted"] = True  # the earlier run still goes: wait for it, never start a twin
+                    logger.info("tool %s call %s waits for its earlier run, still going", request.tool_name, request.tool_call_id)
                     raw = self._wait(key, run, timeout)
                 elif timeout is None:
                     raw = run_with_deadline(lambda: self._invoke(tool, request.parameters), None)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 
 import pytest
@@ -60,7 +61,8 @@ def call(call_id: str, **args) -> dict:
     return {"id": call_id, "name": "build_report", "args": args, "type": "tool_call"}
 
 
-def test_a_retry_after_a_timeout_waits_for_the_first_run_instead_of_starting_another():
+def test_a_retry_after_a_timeout_waits_for_the_first_run_instead_of_starting_another(caplog):
+    caplog.set_level(logging.INFO, logger="pipeline.runtime.executor")
     body = Occupancy()
     sleeps = Sleeps(then=body.release.set)  # the first run finishes while the retry waits for it
     executor = ToolExecutor([slow_tool(body)], retry_policy=FAST, sleep=sleeps)
@@ -72,6 +74,7 @@ def test_a_retry_after_a_timeout_waits_for_the_first_run_instead_of_starting_ano
     assert result.success and result.observation == "report for q3"
     assert result.retry_count == 1
     assert [(a["error_type"], a.get("adopted", False)) for a in result.attempts] == [("timeout", False), (None, True)]
+    assert "tool build_report call call_1 waits for its earlier run, still going" in caplog.messages
 
 
 def test_a_tool_that_never_finishes_runs_once_through_all_retries_and_later_identical_calls():
