@@ -57,7 +57,7 @@ TOOL_RETRY_COUNT = "ctxlens.tool.retry_count"
 TOOL_ERROR_TYPE = "ctxlens.tool.error_type"  # ToolErrorType value; also sets error.type
 TOOL_ERROR_CODE = "ctxlens.tool.error_code"
 TOOL_OBSERVATION_TOKENS = "ctxlens.tool.observation_tokens"
-TOOL_CACHE_HIT = "ctxlens.tool.cache_hit"
+TOOL_CACHE_HIT = "ctxlens.tool.cache_hit"  # bool: answered from the tool-result cache, the tool did not run
 
 # On compress_context spans.
 COMPRESSION_STRATEGY = "ctxlens.compression.strategy"  # truncate | extract | summarize

@@ -29,6 +29,8 @@ class ToolStats:
     failures: int
     success_rate: float  # 0..1
     retries: int
+    cache_hits: int  # calls answered from the tool-result cache
+    cache_hit_rate: float  # cache_hits / calls, 0..1
     avg_duration_ms: float | None
     p50_duration_ms: float | None
     p95_duration_ms: float | None
@@ -101,6 +103,7 @@ def tool_stats(calls: QuerySet[ToolCall] | None = None) -> list[ToolStats]:
         calls=Count("id"),
         successes=Count("id", filter=Q(success=True)),
         retries=Sum("retry_count"),
+        cache_hits=Count("id", filter=Q(cache_hit=True)),
         avg_duration_ms=Avg("duration_ms"),
         avg_observation_tokens=Avg("observation_tokens"),
         total_observation_tokens=Sum("observation_tokens"),
@@ -123,6 +126,8 @@ def tool_stats(calls: QuerySet[ToolCall] | None = None) -> list[ToolStats]:
                 failures=row["calls"] - row["successes"],
                 success_rate=row["successes"] / row["calls"] if row["calls"] else 0.0,
                 retries=row["retries"] or 0,
+                cache_hits=row["cache_hits"],
+                cache_hit_rate=row["cache_hits"] / row["calls"] if row["calls"] else 0.0,
                 avg_duration_ms=row["avg_duration_ms"],
                 p50_duration_ms=p50,
                 p95_duration_ms=p95,

@@ -61,7 +61,7 @@ class ToolCallSerializer(serializers.ModelSerializer):
         fields = [
             "id", "trace_id", "span_id", "llm_call", "tool_name", "tool_call_id", "arguments", "observation",
             "observation_tokens", "tokens_estimated", "output_level", "success", *TIMING, "error_code",
-            "retry_count", "artifact_id", "approximate",
+            "retry_count", "cache_hit", "artifact_id", "approximate",
         ]
 
 
@@ -161,6 +161,8 @@ class ToolStatsSerializer(serializers.Serializer):
     failures = serializers.IntegerField()
     success_rate = serializers.FloatField(help_text="successes / calls, from 0 to 1.")
     retries = serializers.IntegerField(help_text="Sum of retry_count.")
+    cache_hits = serializers.IntegerField(help_text="Calls answered from the tool-result cache (the tool did not run).")
+    cache_hit_rate = serializers.FloatField(help_text="cache_hits / calls, from 0 to 1.")
     avg_duration_ms = serializers.FloatField(allow_null=True)
     p50_duration_ms = serializers.FloatField(allow_null=True, help_text="Median, linear interpolation.")
     p95_duration_ms = serializers.FloatField(allow_null=True, help_text="95th percentile, linear interpolation.")

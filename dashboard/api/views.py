@@ -133,7 +133,7 @@ class ToolStatsView(ReadApi, APIView):
     @extend_schema(
         parameters=[s.ToolStatsQuery],
         responses={200: s.ToolStatsSerializer(many=True), 400: ERROR, **READ_ERRORS},
-        summary="Per-tool statistics: calls, success rate, retries, latency percentiles, observation tokens",
+        summary="Per-tool statistics: calls, success rate, retries, cache hit rate, latency percentiles, observation tokens",
     )
     def get(self, request: Request) -> Response:
         params = query_params(request, s.ToolStatsQuery)

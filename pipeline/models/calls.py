@@ -84,6 +84,7 @@ class ToolCall(SpanRecordMixin):
     success = models.BooleanField(default=True)
     error_code = models.CharField(max_length=64, blank=True)
     retry_count = models.PositiveIntegerField(default=0)
+    cache_hit = models.BooleanField(default=False)  # answered from the tool-result cache, the tool did not run
     artifact = models.ForeignKey(
         "pipeline.Artifact", on_delete=models.SET_NULL, null=True, blank=True, related_name="tool_calls"
     )

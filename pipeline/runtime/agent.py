@@ -7,7 +7,9 @@
 Each step: apply ready background summaries (at a round's start) and compress when the window
 is over the threshold; offer the model the tools the active skills allow (`bind_tools` when the
 model supports it) and switch model if a skill asks for one and `model_for` can provide it;
-run every tool call through the ToolExecutor and append its ToolMessage (the id is the model's);
+run every tool call through the ToolExecutor and append its ToolMessage (the id is the model's;
+every tool is offered with an optional `output_level` argument, the explicit level of the
+seeds' chain, and a `read_artifact` tool joins when artifacts can be produced);
 inject the messages of skills activated on the way. The round ends at an answer without tool
 calls or at `max_steps`. Works with any LangChain chat model that supports tool calling.
 """
@@ -24,11 +26,14 @@ from typing import Any
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import BaseMessage, HumanMessage, SystemMessage, ToolMessage
 from langchain_core.tools import BaseTool
+from langchain_core.utils.function_calling import convert_to_openai_tool
 
+from pipeline.runtime.artifact_tool import needs_artifact_reader, read_artifact_tool
 from pipeline.runtime.artifacts import ArtifactStore
 from pipeline.runtime.cache import Cache
 from pipeline.runtime.compression import CompressionResult, CompressionStrategy, ContextCompressor
 from pipeline.runtime.context import SKILLS_CATEGORY, measure, with_marker
+from pipeline.runtime.observations import LEVEL_ARGUMENT
 from pipeline.runtime.protocol import (
     ContextModifier,
     ExecutionContext,
@@ -91,12 +96,31 @@ def provider_of(chat_model: BaseChatModel) -> str:
         return ""
 
 
+LEVEL_SCHEMA = {
+    "type": "string",
+    "enum": [level.value for level in OutputLevel],
+    "description": "Optional: how detailed the result should be. brief = key facts, standard = the "
+    "actionable part, full = everything, stored as an artifact you can read back by its id.",
+}
+
+
+def tool_definition(tool: BaseTool) -> dict[str, Any]:
+    """The tool as the model sees it (OpenAI function format), with the optional `output_level`
+    argument the executor understands; skill tools and tools with their own such parameter stay as they are."""
+    definition = convert_to_openai_tool(tool)
+    if tool.name in SKILL_TOOLS:
+        return definition
+    parameters = definition["function"].setdefault("parameters", {"type": "object", "properties": {}})
+    parameters.setdefault("properties", {}).setdefault(LEVEL_ARGUMENT, dict(LEVEL_SCHEMA))
+    return definition
+
+
 def bind(chat_model: BaseChatModel, tools: Sequence[BaseTool]) -> Any:
     """The model with `tools` bound, or the bare model if it has no tool calling."""
     if not tools:
         return chat_model
     try:
-        return chat_model.bind_tools(list(tools))
+        return chat_model.bind_tools([tool_definition(tool) for tool in tools])
     except NotImplementedError:
         return chat_model
 
@@ -140,16 +164,21 @@ class Agent:
         self.max_steps = max_steps
         self.model_for = model_for
         self.conversation = conversation
-        self.output_levels = {name: OutputLevel.parse(level) for name, level in (output_levels or {}).items()}
         self.telemetry = telemetry or Telemetry.disabled()
         if isinstance(skills, SkillRegistry):
             skills = SkillSession(skills, model=self.model)
         self.skills = skills
         self.tools = list(tools) + (skills.tools() if skills and skills.registry.skills else [])
+        if executor is not None and output_levels:
+            raise ValueError("pass output_levels to the ToolExecutor you give the agent")
         self.executor = executor or ToolExecutor(
             self.tools, model=self.model, cache=cache, artifact_store=artifact_store, on_worker_exit=on_worker_exit,
-            **({"retry_policy": retry_policy} if retry_policy else {}),
+            output_levels=output_levels, **({"retry_policy": retry_policy} if retry_policy else {}),
         )
+        if needs_artifact_reader(tool for tool in tools if tool.name not in SKILL_TOOLS):
+            reader = read_artifact_tool(self.executor.artifact_store)
+            self.tools.append(reader)
+            self.executor.add_tool(reader)
         self.compressor = compressor or ContextCompressor(
             self.model, window=context_window, strategy=compression_strategy, summariser=summariser
         )
@@ -271,9 +300,7 @@ class Agent:
     def _call_tool(self, round_: AgentRound, call: dict[str, Any], context: ExecutionContext) -> None:
         round_.tool_call_ids.append(call["id"])
         with self.telemetry.tool(call, conversation_id=self.conversation_id) as span:
-            level = self.output_levels.get(call["name"])
-            options = {"output_level": level} if level else {}
-            result = self.executor.execute_tool_call(call, context=context, **options)
+            result = self.executor.execute_tool_call(call, context=context)
             self.telemetry.record_tool_result(span, result)
         round_.tool_results.append(result)
         message: BaseMessage = result.to_tool_message()
@@ -306,8 +333,10 @@ def run_agent(
 
     Options are Agent's: system_prompt, model, conversation_id, agent_name, user_id, max_steps,
     skills, compressor / compression_strategy / summariser / context_window, executor /
-    retry_policy, the executor's adapters (cache, artifact_store, on_worker_exit), output_levels (tool name → explicit OutputLevel), telemetry, model_for,
-    conversation.
+    retry_policy, the executor's adapters (cache, artifact_store, on_worker_exit), output_levels (tool name →
+    OutputLevel: the tool configuration, which a level the model asks for in a call's arguments
+    overrides), telemetry, model_for, conversation. When a tool can produce artifacts the agent
+    adds `read_artifact` (reading its executor's artifact store) unless a tool of that name is given.
     """
     agent = Agent(chat_model, tools, messages=messages, **options)
     if agent.messages and isinstance(agent.messages[-1], HumanMessage):

@@ -8,13 +8,37 @@
 `execute` never raises for a tool's failure: every outcome is a ToolExecutionResult (a
 timeout, a refused call and a crash included). Tools are LangChain BaseTools (StructuredTool,
 @tool) or plain callables taking keyword arguments. Per-tool defaults may sit in a BaseTool's
-`metadata`: `ctxlens_cache_policy` ("ttl_short" …), `ctxlens_version`, `ctxlens_timeout_ms`,
-`ctxlens_store_artifacts` (False for tools whose results must never become artifacts).
+`metadata`: `ctxlens_cache_policy` ("cacheable", "ttl_short" …), `ctxlens_version`, `ctxlens_timeout_ms`,
+`ctxlens_store_artifacts` (False for tools whose results must never become artifacts),
+`ctxlens_output_level` (the tool's default level).
 
-Deadlines: a tool with a timeout runs in a fresh daemon thread that the caller waits on. A
-Python thread cannot be killed, so a tool that overruns keeps running in the background
-until it returns on its own; its late result is discarded. Give tools their own I/O timeouts.
+Output levels follow the seeds' chain (pipeline.runtime.observations.effective_level): the
+level the model asks for in the call's arguments (`"output_level": "full"`, taken out of the
+arguments unless the tool has such a parameter itself; an unknown level is answered as
+invalid_input) → the tool configuration (`output_levels=` here, CTXLENS_TOOL_OUTPUT_LEVELS,
+the tool's metadata) → BRIEF above 80 % context use → CTXLENS_DEFAULT_OUTPUT_LEVEL.
+
+Deadlines: a tool with a timeout runs in a daemon worker thread that the caller waits on
+(pipeline.runtime.tool_runs). A Python thread cannot be killed, so a tool that overruns keeps
+running in the background until it returns on its own. Give tools their own I/O timeouts.
 Pass `timeout_ms=None` to run a tool inline.
+
+One call never runs twice at once: a retry after a timeout WAITS for the first attempt instead
+of starting a second copy beside it. The retry's (longer) deadline is spent waiting on the run
+that is still going, and that run's outcome is the retry's outcome; only once it has ended does
+a further retry start the tool afresh. The same holds for a later identical call (same
+idempotency key: tool, version, arguments, caller, permission) that arrives while a timed-out
+run of it still goes: it adopts that run. A run's late result after the last attempt gave up
+is discarded. Such attempts say `"adopted": True` in `result.attempts`.
+
+Partial results: a tool that `yield`s its items (a generator) gives, when the last attempt
+times out, the items produced so far. The result is then a TIMEOUT failure with error code
+TIMEOUT_PARTIAL and `partial=True`, and the model reads the standard error text followed by
+those items formatted at the call's output level. Partial results are never cached.
+
+Caching: calls whose CachePolicy has a TTL (CACHEABLE and TTL_SHORT / MEDIUM / LONG) are kept
+in `cache` under their idempotency key and output level; a hit answers the new call id with
+`cache_hit=True`, runs nothing and counts no retries. Failures are never cached.
 
 Adapters (plain Python by default; a server passes its own):
 - `cache`: where results of cacheable calls are kept (pipeline.runtime.cache.Cache; default
@@ -29,20 +53,21 @@ Adapters (plain Python by default; a server passes its own):
 
 from __future__ import annotations
 
-import contextvars
 import hashlib
+import inspect
 import logging
-import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from langchain_core.tools import BaseTool
 
+from pipeline.runtime.artifact_tool import may_store_artifacts
 from pipeline.runtime.artifacts import ArtifactStorageError, ArtifactStore, LocalArtifactStore, redact_paths
 from pipeline.runtime.cache import Cache, InMemoryCache
 from pipeline.runtime.observations import (
+    LEVEL_ARGUMENT,
     OutputLevel,
     effective_level,
     format_artifact_observation,
@@ -59,6 +84,7 @@ from pipeline.runtime.protocol import (
     classify_exception,
 )
 from pipeline.runtime.settings import runtime_settings
+from pipeline.runtime.tool_runs import DeadlineExceeded, RunningTools, ToolRun, collected, run_with_deadline
 from pipeline.tokens.counting import count_tokens, is_approximate
 
 logger = logging.getLogger(__name__)
@@ -97,52 +123,18 @@ class RetryPolicy:
 NO_RETRY = RetryPolicy(max_retries=0)
 
 
-class DeadlineExceeded(TimeoutError):
-    def __init__(self, timeout_ms: int) -> None:
-        super().__init__(f"Tool execution timed out after {timeout_ms} ms")
-        self.timeout_ms = timeout_ms
-
-
-def run_with_deadline(
-    func: Callable[[], Any], timeout_ms: int | None, *, on_exit: Callable[[], None] | None = None
-) -> Any:
-    """Call `func` in a daemon worker thread and wait at most `timeout_ms`.
-
-    Raises DeadlineExceeded when the deadline passes (the thread keeps running: threads
-    cannot be killed), or whatever `func` raised. The caller's contextvars (e.g. the current
-    OpenTelemetry span) are visible inside. `on_exit` runs in the worker as it ends (it
-    releases what `func` bound to that thread). `timeout_ms=None` calls `func` inline, and
-    `on_exit` is not called: the caller's thread keeps its resources.
-    """
-    if timeout_ms is None:
-        return func()
-    outcome: dict[str, Any] = {}
-    done = threading.Event()
-    context = contextvars.copy_context()
-
-    def worker() -> None:
-        try:
-            outcome["value"] = context.run(func)
-        except BaseException as exc:  # handed to the caller
-            outcome["error"] = exc
-        finally:
-            try:
-                if on_exit is not None:
-                    on_exit()
-            except Exception:
-                logger.warning("the tool worker's exit hook failed", exc_info=True)
-            done.set()
-
-    threading.Thread(target=worker, name="ctxlens-tool", daemon=True).start()
-    if not done.wait(timeout_ms / 1000):
-        raise DeadlineExceeded(timeout_ms)
-    if "error" in outcome:
-        raise outcome["error"]
-    return outcome["value"]
-
-
 def _tool_name(tool: BaseTool | Callable[..., Any]) -> str:
     return tool.name if isinstance(tool, BaseTool) else getattr(tool, "__name__", repr(tool))
+
+
+def _takes(tool: BaseTool | Callable[..., Any], argument: str) -> bool:
+    """Whether the tool has a parameter named `argument`."""
+    if isinstance(tool, BaseTool):
+        return argument in tool.args
+    try:
+        return argument in inspect.signature(tool).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 def _metadata(tool: BaseTool | Callable[..., Any]) -> Mapping[str, Any]:
@@ -150,7 +142,10 @@ def _metadata(tool: BaseTool | Callable[..., Any]) -> Mapping[str, Any]:
 
 
 class ToolExecutor:
-    """Runs the tools of one agent. Holds no mutable state; safe to share between threads."""
+    """Runs the tools of one agent; safe to share between threads.
+
+    Its only state is the set of runs that overran their deadline and still go (RunningTools).
+    """
 
     def __init__(
         self,
@@ -162,6 +157,7 @@ class ToolExecutor:
         artifact_store: ArtifactStore | None = None,
         on_worker_exit: Callable[[], None] | None = None,
         model: str | None = None,
+        output_levels: Mapping[str, OutputLevel | str] | None = None,
     ) -> None:
         self._tools = {_tool_name(tool): tool for tool in tools}
         self.retry_policy = retry_policy
@@ -170,6 +166,12 @@ class ToolExecutor:
         self.artifact_store: ArtifactStore = LocalArtifactStore() if artifact_store is None else artifact_store
         self.on_worker_exit = on_worker_exit
         self.model = model
+        self._running = RunningTools()
+        self.output_levels = {tool: OutputLevel.parse(level) for tool, level in (output_levels or {}).items()}
+
+    def add_tool(self, tool: BaseTool | Callable[..., Any]) -> None:
+        """Make one more tool callable (the agent adds its artifact reader this way)."""
+        self._tools[_tool_name(tool)] = tool
 
     @property
     def tool_names(self) -> list[str]:
@@ -198,7 +200,9 @@ class ToolExecutor:
         started = time.perf_counter()
         ctx = context or ExecutionContext()
         name = request.tool_name
-        level = effective_level(request.output_level, name, ctx.context_usage)
+        tool = self._tools.get(name)
+        configured = self._configured_level(name, tool)
+        level = effective_level(request.output_level, name, ctx.context_usage, tool_default=configured)
 
         def refuse(error_type: ToolErrorType, message: str) -> ToolExecutionResult:
             failed = ToolExecutionResult.failure(request.tool_call_id, name, error_type, message, output_level=level)
@@ -206,9 +210,13 @@ class ToolExecutor:
 
         if ctx.modifier is not None and not ctx.modifier.allows(name):
             return refuse(ToolErrorType.PERMISSION_DENIED, f"Tool '{name}' is not allowed by the active skill.")
-        tool = self._tools.get(name)
         if tool is None:
             return refuse(ToolErrorType.NOT_FOUND, f"Unknown tool '{name}'. Available: {', '.join(self.tool_names)}.")
+        try:
+            request = self._with_requested_level(tool, request)
+        except ValueError as exc:
+            return refuse(ToolErrorType.INVALID_INPUT, str(exc))
+        level = effective_level(request.output_level, name, ctx.context_usage, tool_default=configured)
         limit = runtime_settings().max_tool_input_bytes
         if request.input_bytes > limit:
             return refuse(ToolErrorType.INPUT_TOO_LARGE, f"Arguments are {request.input_bytes} bytes; the limit is {limit}.")
@@ -222,24 +230,60 @@ class ToolExecutor:
             self._remember(cache_key, result, request.cache_policy)
         return self._finish(result, started, ctx)
 
+    def _configured_level(self, name: str, tool: BaseTool | Callable[..., Any] | None) -> OutputLevel | None:
+        """The tool configuration's level: this executor's `output_levels`, then CTXLENS_TOOL_OUTPUT_LEVELS,
+        then the tool's own `ctxlens_output_level` metadata."""
+        level = self.output_levels.get(name) or runtime_settings().tool_output_levels.get(name)
+        if level is None and tool is not None:
+            level = _metadata(tool).get("ctxlens_output_level")
+        return OutputLevel.parse(level) if level else None
+
+    @staticmethod
+    def _with_requested_level(tool: BaseTool | Callable[..., Any], request: ToolInvocationRequest) -> ToolInvocationRequest:
+        """The level the model asked for in the call's arguments (`output_level`) becomes the explicit
+        request; the argument is taken out unless the tool itself has a parameter of that name.
+        ValueError names the levels when the model asked for one that does not exist."""
+        if LEVEL_ARGUMENT not in request.parameters:
+            return request
+        asked = request.parameters[LEVEL_ARGUMENT]
+        parameters = request.parameters if _takes(tool, LEVEL_ARGUMENT) else {
+            key: value for key, value in request.parameters.items() if key != LEVEL_ARGUMENT
+        }
+        if asked is None:
+            return replace(request, parameters=parameters)
+        return replace(request, parameters=parameters, output_level=OutputLevel.parse(asked))
+
     def _run_with_retries(
         self, tool: BaseTool | Callable[..., Any], request: ToolInvocationRequest, level: OutputLevel, ctx: ExecutionContext
     ) -> ToolExecutionResult:
         attempts: list[dict[str, Any]] = []
         retries = 0
         last_error: str | None = None
+        run: ToolRun | None = None
+        key = request.idempotency_key
         while True:
             timeout = None if request.timeout_ms is None else self.retry_policy.timeout_ms(request.timeout_ms, retries)
             began = time.perf_counter()
+            attempt: dict[str, Any] = {"error_type": None, "timeout_ms": timeout}
             try:
-                raw = run_with_deadline(
-                    lambda: self._invoke(tool, request.parameters), timeout, on_exit=self.on_worker_exit
-                )
+                run = self._running.get(key)
+                if run is not None:
+                    attempt["adopted"] = True  # the earlier run still goes: wait for it, never start a twin
+                    logger.info("tool %s call %s waits for its earlier run, still going", request.tool_name, request.tool_call_id)
+                    raw = self._wait(key, run, timeout)
+                elif timeout is None:
+                    raw = run_with_deadline(lambda: self._invoke(tool, request.parameters), None)
+                else:
+                    run = ToolRun(
+                        lambda: self._invoke(tool, request.parameters),
+                        on_exit=self.on_worker_exit, on_done=self._running.finished,
+                    ).start()
+                    raw = self._wait(key, run, timeout)
             except Exception as exc:
                 error_type = classify_exception(exc)
                 message = self._redact(str(exc) or type(exc).__name__)
                 last_error = message
-                attempts.append({"error_type": error_type.value, "timeout_ms": timeout, "ms": _ms(began)})
+                attempts.append({**attempt, "error_type": error_type.value, "ms": _ms(began)})
                 retry = self.retry_policy.should_retry(error_type, retries) and (
                     error_type is not ToolErrorType.TIMEOUT or request.retry_on_timeout
                 )
@@ -248,16 +292,40 @@ class ToolExecutor:
                     self._sleep(self.retry_policy.delay_s(retries))
                     retries += 1
                     continue
+                partial = run.partial_items() if run is not None and isinstance(exc, DeadlineExceeded) else []
+                if partial:
+                    return self._partial(tool, request, partial, message, level, ctx, retries, attempts)
                 code = getattr(exc, "code", None) if isinstance(getattr(exc, "code", None), str) else None
                 return ToolExecutionResult.failure(
                     request.tool_call_id, request.tool_name, error_type, message,
                     code=code, output_level=level, retry_count=retries, attempts=attempts,
                 )
-            attempts.append({"error_type": None, "timeout_ms": timeout, "ms": _ms(began)})
+            attempts.append({**attempt, "ms": _ms(began)})
             result = self._success(tool, request, raw, level, ctx)
             result.retry_count, result.attempts = retries, attempts
             result.last_error = result.error_message or last_error
             return result
+
+    def _wait(self, key: str, run: ToolRun, timeout_ms: int | None) -> Any:
+        try:
+            return run.wait(timeout_ms)
+        except DeadlineExceeded:
+            self._running.overran(key, run)
+            raise
+
+    def _partial(
+        self, tool: BaseTool | Callable[..., Any], request: ToolInvocationRequest, items: list[Any], message: str,
+        level: OutputLevel, ctx: ExecutionContext, retries: int, attempts: list[dict[str, Any]],
+    ) -> ToolExecutionResult:
+        """A timeout that still shows the model what the tool yielded before the deadline."""
+        result = self._success(tool, request, collected(items), level, ctx)
+        if result.success:
+            result.observation = f"Partial result ({len(items)} items before the deadline):\n{result.observation}"
+            result.success, result.partial = False, True
+            result.error_type, result.error_code = ToolErrorType.TIMEOUT, "TIMEOUT_PARTIAL"
+            result.error_message = f"{message}; it had produced {len(items)} items, shown below"
+        result.retry_count, result.attempts, result.last_error = retries, attempts, message
+        return result
 
     @staticmethod
     def _invoke(tool: BaseTool | Callable[..., Any], parameters: dict[str, Any]) -> Any:
@@ -274,7 +342,7 @@ class ToolExecutor:
             tool_call_id=request.tool_call_id, tool_name=request.tool_name, observation="", success=True,
             output_level=level, data_size_bytes=len(data), data_hash=hashlib.sha256(data).hexdigest(),
         )
-        storable = _metadata(tool).get("ctxlens_store_artifacts", True)
+        storable = may_store_artifacts(tool)
         if storable and (level is OutputLevel.FULL or len(data) > runtime_settings().artifact_threshold_bytes):
             summary = summarize(raw)
             tokens = count_tokens(text, self._model(ctx)) if len(data) <= MAX_COUNTED_ARTIFACT_BYTES else None

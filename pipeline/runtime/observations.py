@@ -20,6 +20,7 @@ BRIEF_CHARS = 100
 STANDARD_CHARS = 500
 STANDARD_ITEMS = 3
 SUMMARY_CHARS = 200
+LEVEL_ARGUMENT = "output_level"  # the argument a model may add to any tool call to ask for a level
 
 
 class OutputLevel(str, Enum):
@@ -41,20 +42,28 @@ class OutputLevel(str, Enum):
 
 
 def effective_level(
-    explicit: OutputLevel | str | None, tool_name: str, context_usage: float = 0.0
+    explicit: OutputLevel | str | None,
+    tool_name: str,
+    context_usage: float = 0.0,
+    *,
+    tool_default: OutputLevel | str | None = None,
 ) -> OutputLevel:
-    """The level one tool call is formatted at.
+    """The level one tool call is formatted at, by the seeds' chain:
 
-    Chain: the explicit level (from the request) → the tool's default from
-    CTXLENS_TOOL_OUTPUT_LEVELS → BRIEF when more than 80 % of the context window is used →
-    CTXLENS_DEFAULT_OUTPUT_LEVEL.
+    1. the explicit request: the `output_level` the model put in the call's arguments (or a
+       request built with one);
+    2. the tool configuration: `tool_default` (the executor's `output_levels`, then
+       CTXLENS_TOOL_OUTPUT_LEVELS, then the tool's `ctxlens_output_level` metadata), or, when
+       not given, CTXLENS_TOOL_OUTPUT_LEVELS;
+    3. BRIEF when more than 80 % of the context window is used;
+    4. CTXLENS_DEFAULT_OUTPUT_LEVEL.
     """
     if explicit is not None:
         return OutputLevel.parse(explicit)
     config = runtime_settings()
-    tool_default = config.tool_output_levels.get(tool_name)
-    if tool_default:
-        return OutputLevel.parse(tool_default)
+    configured = tool_default or config.tool_output_levels.get(tool_name)
+    if configured:
+        return OutputLevel.parse(configured)
     if context_usage > BRIEF_CONTEXT_USAGE:
         return OutputLevel.BRIEF
     return OutputLevel.parse(config.default_output_level)

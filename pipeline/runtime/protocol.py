@@ -118,19 +118,33 @@ def format_error_observation(
 
 
 class CachePolicy(str, Enum):
-    """Whether a tool's results may be reused for an identical call. Tools with side effects: NO_CACHE."""
+    """Whether a tool's results may be reused for an identical call. Tools with side effects: NO_CACHE.
+
+    The seeds name CACHEABLE without a lifetime; it keeps results for one hour, the default
+    lifetime of the seeds' IdempotencyCache.
+    """
 
     NO_CACHE = "no_cache"
+    CACHEABLE = "cacheable"  # 1 hour
     SHORT = "ttl_short"  # 5 minutes
     MEDIUM = "ttl_medium"  # 1 hour
     LONG = "ttl_long"  # 24 hours
+    TTL_SHORT = "ttl_short"  # the seeds' names for the same three policies
+    TTL_MEDIUM = "ttl_medium"
+    TTL_LONG = "ttl_long"
 
     @property
     def ttl_seconds(self) -> int | None:
         return _CACHE_TTLS[self]
 
 
-_CACHE_TTLS = {CachePolicy.NO_CACHE: None, CachePolicy.SHORT: 300, CachePolicy.MEDIUM: 3600, CachePolicy.LONG: 86400}
+_CACHE_TTLS = {
+    CachePolicy.NO_CACHE: None,
+    CachePolicy.CACHEABLE: 3600,
+    CachePolicy.SHORT: 300,
+    CachePolicy.MEDIUM: 3600,
+    CachePolicy.LONG: 86400,
+}
 
 
 def canonical_json(value: Any) -> str:
@@ -260,6 +274,7 @@ class ToolExecutionResult:
     observation_tokens: int = 0
     observation_tokens_approximate: bool = False  # counted with a tokenizer that approximates the model's
     cache_hit: bool = False
+    partial: bool = False  # a timeout that still carries what the tool yielded before it (in observation)
     attempts: list[dict[str, Any]] = field(default_factory=list)  # per attempt: error type and timeout
 
     @classmethod
@@ -295,10 +310,12 @@ class ToolExecutionResult:
 
     @property
     def content(self) -> str:
-        """What the model reads: the observation, or the standard error text for a failure."""
+        """What the model reads: the observation, or the standard error text for a failure
+        (followed by the partial observation when a timed-out tool had yielded some items)."""
         if self.success:
             return self.observation
-        return format_error_observation(self.tool_call_id, self.error_type, self.error_code, self.error_message)
+        error = format_error_observation(self.tool_call_id, self.error_type, self.error_code, self.error_message)
+        return f"{error}\n\n{self.observation}" if self.partial else error
 
     def to_tool_message(self) -> ToolMessage:
         """The LangChain carrier: a ToolMessage answering the model's tool call by its id."""
@@ -317,7 +334,7 @@ class ToolExecutionResult:
     def for_call(self, tool_call_id: str, **changes: Any) -> ToolExecutionResult:
         """This result answering another call (a cache hit): the new id, nothing else shared by reference."""
         copy = replace(self, tool_call_id=tool_call_id, attempts=[], **changes)
-        if not copy.success:
+        if not copy.success and not copy.partial:
             copy.observation = format_error_observation(tool_call_id, copy.error_type, copy.error_code, copy.error_message)
         return copy
 

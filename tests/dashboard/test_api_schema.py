@@ -73,7 +73,7 @@ def test_the_tool_stats_operation_lists_its_figures_and_filters(schema):
     figures = schema["components"]["schemas"]["ToolStats"]["properties"]
 
     assert {p["name"] for p in get["parameters"]} >= {"since", "until", "window", "conversation", "tool"}
-    assert {"tool_name", "calls", "successes", "failures", "success_rate", "retries", "avg_duration_ms",
+    assert {"tool_name", "calls", "successes", "failures", "success_rate", "retries", "cache_hits", "cache_hit_rate", "avg_duration_ms",
             "p50_duration_ms", "p95_duration_ms", "avg_observation_tokens", "total_observation_tokens"} == set(figures)
 
 

@@ -61,7 +61,8 @@ def turn_events(conversation: str = "c1", round_id: str = "r1") -> list[dict]:
              {"id": "call_1", "name": "calculator", "arguments": {"expression": "6*7"}}]}]},
         {**base, "type": "tool_call", "tool_name": "calculator", "tool_call_id": "call_1",
          "arguments": {"expression": "6*7"}, "observation": "42", "started_at": "2026-05-01T12:00:01Z",
-         "duration_ms": 12.5, "output_level": "brief", "retry_count": 1, "observation_tokens": 1},
+         "duration_ms": 12.5, "output_level": "brief", "retry_count": 1, "observation_tokens": 1,
+         "cache_hit": True},
         {**base, "type": "llm_call", "call_id": "llm-2", "model": "gpt-4o", "started_at": "2026-05-01T12:00:01.100Z",
          "duration_ms": 400, "input_tokens": 140, "output_tokens": 8,
          "output_messages": [{"role": "assistant", "content": "6 x 7 = 42", "finish_reason": "stop"}]},
@@ -103,6 +104,7 @@ def test_it_stores_a_turn_with_its_llm_and_tool_calls(api):
     assert (tool.tool_name, tool.tool_call_id, tool.arguments, tool.observation) == (
         "calculator", "call_1", {"expression": "6*7"}, "42")
     assert (tool.output_level, tool.retry_count, tool.observation_tokens, tool.success) == ("brief", 1, 1, True)
+    assert tool.cache_hit
     assert tool.duration_ms == pytest.approx(12.5)
     assert tool.llm_call_id == first.id
     assert set(Span.objects.values_list("source", flat=True)) == {"rest"}

@@ -144,7 +144,8 @@ def _json_request(trace_hex: str, root_hex: str, tool_hex: str) -> dict:
                             kv("gen_ai.tool.call.arguments", {"kvlistValue": {"values": [
                                 kv("q", {"stringValue": "otlp"}), kv("limit", {"intValue": "5"})]}}),
                             kv("gen_ai.tool.call.result", {"stringValue": "3 results"}),
-                            kv("ctxlens.tool.retry_count", {"intValue": 2})],
+                            kv("ctxlens.tool.retry_count", {"intValue": 2}),
+                            kv("ctxlens.tool.cache_hit", {"boolValue": False})],
              "status": {"code": 2, "message": "partial"},
              "events": [{"name": "exception", "timeUnixNano": str(start + 8_000_000), "attributes": [
                  kv("exception.type", {"stringValue": "SearchError"})]}]},
@@ -172,7 +173,7 @@ def test_otlp_json_by_hand_is_stored_and_answered_in_json(otlp_server, compress)
     assert (conversation.service_name, conversation.title, conversation.error_count) == ("json-agent", "find otlp", 1)
     tool = ToolCall.objects.get(trace_id=trace_hex.lower())
     assert (tool.span_id, tool.tool_name, tool.tool_call_id) == (tool_hex.lower(), "search", "call_j1")
-    assert (tool.arguments, tool.observation, tool.retry_count) == ({"q": "otlp", "limit": 5}, "3 results", 2)
+    assert (tool.arguments, tool.observation, tool.retry_count, tool.cache_hit) == ({"q": "otlp", "limit": 5}, "3 results", 2, False)
     assert (tool.success, tool.error_type, tool.error_message) == (False, "SearchError", "partial")
     assert tool.duration_ms == pytest.approx(7.0)
     span = Span.objects.get(span_id=root_hex.lower())

@@ -68,7 +68,7 @@ def test_it_answers_every_tool_call_with_the_models_own_id():
     assert [m.content for m in run.messages[2:4]] == ["value of a", "value of b"]
     assert pairing_problems(run.messages) == []
     assert round_.llm_calls == 2 and round_.input_tokens > 0 and round_.output_tokens > 0
-    assert model.offered_tools[0] == ["lookup"]
+    assert model.offered_tools[0] == ["lookup", "read_artifact"]  # the agent adds the artifact reader
 
 
 def test_the_second_call_sees_the_tool_messages():
@@ -160,8 +160,9 @@ def test_a_skill_narrows_the_tools_injects_its_messages_and_ends_with_the_turn(s
     ])
     agent = Agent(model, [lookup, web_search], skills=SkillRegistry(), retry_policy=FAST)
     round_ = agent.turn("Q3 revenue by region?")
-    assert model.offered_tools[0] == ["lookup", "web_search", ACTIVATE_TOOL, RESOURCE_TOOL]
-    assert model.offered_tools[1] == [ACTIVATE_TOOL, RESOURCE_TOOL]  # the skill allows none of the others
+    assert model.offered_tools[0] == ["lookup", "web_search", ACTIVATE_TOOL, RESOURCE_TOOL, "read_artifact"]
+    # The skill allows none of the others; its allowed read_artifact is there because the agent added it.
+    assert model.offered_tools[1] == [ACTIVATE_TOOL, RESOURCE_TOOL, "read_artifact"]
     activation_result = agent.messages[2]
     assert isinstance(activation_result, ToolMessage) and marker(activation_result)["category"] == "skills"
     injected = agent.messages[3:6]
@@ -172,7 +173,7 @@ def test_a_skill_narrows_the_tools_injects_its_messages_and_ends_with_the_turn(s
     assert [a.skill for a in round_.skill_activations] == ["sales-analysis"]
     assert pairing_problems(agent.messages) == []
     agent.turn("and now?")
-    assert model.offered_tools[-1] == ["lookup", "web_search", ACTIVATE_TOOL, RESOURCE_TOOL]
+    assert model.offered_tools[-1] == ["lookup", "web_search", ACTIVATE_TOOL, RESOURCE_TOOL, "read_artifact"]
 
 
 def test_a_user_invoked_skill_is_active_before_the_first_call_and_its_model_is_used(tmp_path, settings):

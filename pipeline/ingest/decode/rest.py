@@ -211,6 +211,7 @@ class _Batch:
             ("observation_tokens", sc.TOOL_OBSERVATION_TOKENS),
             ("output_level", sc.TOOL_OUTPUT_LEVEL),
             ("retry_count", sc.TOOL_RETRY_COUNT),
+            ("cache_hit", sc.TOOL_CACHE_HIT),
             ("error_code", sc.TOOL_ERROR_CODE),
             ("artifact_id", sc.TOOL_ARTIFACT_ID),
         ):

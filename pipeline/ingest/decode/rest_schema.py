@@ -177,6 +177,7 @@ class ToolCallEventSerializer(OutcomeFields, EventSerializer):
     observation_tokens = count()
     output_level = serializers.ChoiceField(choices=("brief", "standard", "full"), required=False)
     retry_count = count()
+    cache_hit = serializers.BooleanField(required=False, help_text="Answered from a tool-result cache: the tool did not run.")
     error_code = serializers.CharField(max_length=64, required=False, allow_blank=True)
     artifact_id = serializers.CharField(max_length=80, required=False, allow_blank=True)
 

@@ -25,7 +25,7 @@ from pipeline.ingest.normalise.payloads import (
     turn_output,
 )
 from pipeline.ingest.records import SpanRecord
-from pipeline.ingest.normalise.values import MAX_COUNT, first, first_count, first_str, json_dict, parse_json, to_text
+from pipeline.ingest.normalise.values import MAX_COUNT, first, first_bool, first_count, first_str, json_dict, parse_json, to_text
 from pipeline.tokens.counting import context_window
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -267,6 +267,7 @@ def tool_fields(record: SpanRecord) -> dict[str, Any]:
         "output_level": first_str(attrs, sc.TOOL_OUTPUT_LEVEL)[:16],
         "error_code": first_str(attrs, sc.TOOL_ERROR_CODE)[:64],
         "retry_count": max(0, first_count(attrs, sc.TOOL_RETRY_COUNT) or 0),
+        "cache_hit": first_bool(attrs, sc.TOOL_CACHE_HIT),
         "artifact_ref": first_str(attrs, sc.TOOL_ARTIFACT_ID),
         "tokens_approximate": observation_tokens is not None and attrs.get(sc.TOKENS_APPROXIMATE) is True,
         "tokens_pending": observation_tokens is None and bool(observation),

@@ -57,6 +57,17 @@ def first_int(attrs: Mapping[str, Any], *keys: str) -> int | None:
     return None
 
 
+TRUE_TEXTS = frozenset({"true", "1", "yes"})
+
+
+def first_bool(attrs: Mapping[str, Any], *keys: str) -> bool:
+    """A flag: the first value present is true (bool, non-zero number, or "true"/"1"/"yes" in any case)."""
+    value = first(attrs, *keys)
+    if isinstance(value, str):
+        return value.strip().lower() in TRUE_TEXTS
+    return bool(value) if isinstance(value, bool | int | float) else False
+
+
 MAX_COUNT = 2**31 - 1  # the largest value an IntegerField column holds on every backend
 
 

@@ -190,6 +190,7 @@ class Telemetry:
                 span.add_event("ctxlens.tool.attempt_failed", {
                     "error.type": attempt["error_type"], "timeout_ms": attempt.get("timeout_ms") or 0,
                     "duration_ms": float(attempt.get("ms") or 0),
+                    "adopted": bool(attempt.get("adopted")),  # waited for an earlier run instead of starting one
                 })
         if not result.success:
             error_type = result.error_type.value if result.error_type else "error"
