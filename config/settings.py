@@ -13,6 +13,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
 
 from config.env import env_bool, env_dict, env_float, env_int, env_list, env_str
 
@@ -199,10 +200,19 @@ SPECTACULAR_SETTINGS = {
     },
 }
 
+# CTXLENS_LOG_FORMAT: `text` for people, `json` (one object per line, with the current trace and
+# span id) for log shippers; the seeds' ObservabilityConfig.log_format.
+CTXLENS_LOG_FORMAT = env_str("CTXLENS_LOG_FORMAT", "text").strip().lower()
+if CTXLENS_LOG_FORMAT not in ("text", "json"):
+    raise ImproperlyConfigured(f"CTXLENS_LOG_FORMAT must be text or json, not {CTXLENS_LOG_FORMAT!r}")
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "formatters": {
+        "text": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"},
+        "json": {"()": "pipeline.runtime.telemetry.log_format.JsonFormatter"},
+    },
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": CTXLENS_LOG_FORMAT}},
     "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
     "loggers": {"django.channels.server": {"level": "WARNING"}, "axes": {"level": "WARNING"}},
 }
