@@ -47,6 +47,9 @@ class CtxlensConfig:
     default_output_level: str
     tool_output_levels: dict[str, str]
     max_tool_input_bytes: int
+    metrics_enabled: bool
+    metrics_export_interval_s: float
+    metrics_export_timeout_ms: int
 
 
 @cache
@@ -77,6 +80,9 @@ def ctxlens_config() -> CtxlensConfig:
         default_output_level=settings.CTXLENS_DEFAULT_OUTPUT_LEVEL,
         tool_output_levels=dict(settings.CTXLENS_TOOL_OUTPUT_LEVELS),
         max_tool_input_bytes=settings.CTXLENS_MAX_TOOL_INPUT_BYTES,
+        metrics_enabled=settings.CTXLENS_METRICS,
+        metrics_export_interval_s=settings.CTXLENS_METRICS_EXPORT_INTERVAL_S,
+        metrics_export_timeout_ms=settings.CTXLENS_METRICS_EXPORT_TIMEOUT_MS,
     )
 
 

@@ -213,13 +213,13 @@ class Agent:
             offered = filter_tools(self.tools, modifier)
             model, model_name = self._model(modifier)
             usage = measure(self.messages, model_name, self.compressor.window)
+            provider = self.provider if model is self.chat_model else provider_of(model)
             with self.telemetry.chat(
-                model=model_name, provider=self.provider if model is self.chat_model else provider_of(model),
-                conversation_id=self.conversation_id,
+                model=model_name, provider=provider, conversation_id=self.conversation_id,
                 agent_name=self.agent_name, messages=self.messages, usage=usage, tools=[t.name for t in offered],
             ) as span:
                 response = bind(model, offered).invoke(self.messages)
-                self.telemetry.record_response(span, response)
+                self.telemetry.record_response(span, response, model=model_name, provider=provider)
             round_.llm_calls += 1
             if response.usage_metadata:
                 round_.input_tokens += response.usage_metadata.get("input_tokens", 0)

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 
-from pipeline.runtime.env import env_dict, env_float, env_int, env_str
+from pipeline.runtime.env import env_bool, env_dict, env_float, env_int, env_str
 
 
 @dataclass(frozen=True)
@@ -41,6 +41,9 @@ class RuntimeSettings:
     default_output_level: str = "standard"
     tool_output_levels: Mapping[str, str] = field(default_factory=dict)
     max_tool_input_bytes: int = 1024 * 1024
+    metrics_enabled: bool = True
+    metrics_export_interval_s: float = 60.0
+    metrics_export_timeout_ms: int = 3000
 
     @classmethod
     def from_env(cls) -> RuntimeSettings:
@@ -66,6 +69,9 @@ class RuntimeSettings:
                 tool: level.lower() for tool, level in env_dict("CTXLENS_TOOL_OUTPUT_LEVELS", {}).items()
             },
             max_tool_input_bytes=env_int("CTXLENS_MAX_TOOL_INPUT_BYTES", defaults.max_tool_input_bytes),
+            metrics_enabled=env_bool("CTXLENS_METRICS", defaults.metrics_enabled),
+            metrics_export_interval_s=env_float("CTXLENS_METRICS_EXPORT_INTERVAL_S", defaults.metrics_export_interval_s),
+            metrics_export_timeout_ms=env_int("CTXLENS_METRICS_EXPORT_TIMEOUT_MS", defaults.metrics_export_timeout_ms),
         )
 
 
