@@ -26,6 +26,8 @@ class CtxlensConfig:
     artifact_threshold_bytes: int
     artifact_ttl_hours: float
     artifact_max_total_bytes: int
+    artifact_cleanup_interval_s: float
+    artifact_cleanup_on_session_end: bool
     skills_dir: Path
     compression_threshold: float
     max_ingest_bytes: int
@@ -59,6 +61,8 @@ def ctxlens_config() -> CtxlensConfig:
         artifact_threshold_bytes=settings.CTXLENS_ARTIFACT_THRESHOLD_BYTES,
         artifact_ttl_hours=settings.CTXLENS_ARTIFACT_TTL_HOURS,
         artifact_max_total_bytes=settings.CTXLENS_ARTIFACT_MAX_TOTAL_BYTES,
+        artifact_cleanup_interval_s=settings.CTXLENS_ARTIFACT_CLEANUP_INTERVAL_S,
+        artifact_cleanup_on_session_end=settings.CTXLENS_ARTIFACT_CLEANUP_ON_SESSION_END,
         skills_dir=Path(settings.CTXLENS_SKILLS_DIR),
         compression_threshold=settings.CTXLENS_COMPRESSION_THRESHOLD,
         max_ingest_bytes=settings.CTXLENS_MAX_INGEST_BYTES,

@@ -28,6 +28,7 @@ class RuntimeSettings:
     artifact_dir: Path = Path("var/agent-artifacts")
     artifact_threshold_bytes: int = 1024 * 1024
     artifact_ttl_hours: float = 24.0
+    artifact_cleanup_on_session_end: bool = False  # Agent.close() removes the session's artifacts
     skills_dir: Path = Path("skills")
     compression_threshold: float = 0.8
     token_encoders_file: Path = Path("config/token_encoders.yaml")
@@ -54,6 +55,8 @@ class RuntimeSettings:
             artifact_dir=Path(env_str("CTXLENS_ARTIFACT_DIR", str(data_dir / "agent-artifacts"))).resolve(),
             artifact_threshold_bytes=env_int("CTXLENS_ARTIFACT_THRESHOLD_BYTES", defaults.artifact_threshold_bytes),
             artifact_ttl_hours=env_float("CTXLENS_ARTIFACT_TTL_HOURS", defaults.artifact_ttl_hours),
+            artifact_cleanup_on_session_end=env_bool(
+                "CTXLENS_ARTIFACT_CLEANUP_ON_SESSION_END", defaults.artifact_cleanup_on_session_end),
             skills_dir=Path(env_str("CTXLENS_SKILLS_DIR", str(defaults.skills_dir))).resolve(),
             compression_threshold=env_float("CTXLENS_COMPRESSION_THRESHOLD", defaults.compression_threshold),
             token_encoders_file=Path(env_str("CTXLENS_TOKEN_ENCODERS_FILE", str(defaults.token_encoders_file))).resolve(),
