@@ -17,8 +17,9 @@ Durations are in seconds, as OpenTelemetry's conventions ask (the seeds count mi
 Metrics are recorded whatever the trace sampling: a sampled-out turn still counts.
 A PeriodicExportingMetricReader exports every `metrics_export_interval_s` (seeds: 60 s) with a
 `metrics_export_timeout_ms` deadline (seeds: 3000 ms); `shutdown()` exports what is left.
-The OTLP protocol is the spans' one, except that http/json sends metrics as http/protobuf (the
-OTel Python SDK has no JSON metric exporter; every OTLP/HTTP receiver reads protobuf).
+The OTLP protocol is the spans' one, except that http/json sends metrics as http/protobuf: the
+OTel Python SDK has no JSON metric exporter, and OTLP/HTTP receivers (ctxlens's, the Collector's)
+take protobuf.
 """
 
 from __future__ import annotations
