@@ -13,6 +13,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
 
 from config.env import env_bool, env_dict, env_float, env_int, env_list, env_str
 
@@ -199,10 +200,19 @@ SPECTACULAR_SETTINGS = {
     },
 }
 
+# CTXLENS_LOG_FORMAT: `text` for people, `json` (one object per line, with the current trace and
+# span id) for log shippers; the seeds' ObservabilityConfig.log_format.
+CTXLENS_LOG_FORMAT = env_str("CTXLENS_LOG_FORMAT", "text").strip().lower()
+if CTXLENS_LOG_FORMAT not in ("text", "json"):
+    raise ImproperlyConfigured(f"CTXLENS_LOG_FORMAT must be text or json, not {CTXLENS_LOG_FORMAT!r}")
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "formatters": {
+        "text": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"},
+        "json": {"()": "pipeline.runtime.telemetry.log_format.JsonFormatter"},
+    },
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": CTXLENS_LOG_FORMAT}},
     "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
     "loggers": {"django.channels.server": {"level": "WARNING"}, "axes": {"level": "WARNING"}},
 }
@@ -212,6 +222,10 @@ CTXLENS_ARTIFACT_DIR = Path(env_str("CTXLENS_ARTIFACT_DIR", str(DATA_DIR / "arti
 CTXLENS_ARTIFACT_THRESHOLD_BYTES = env_int("CTXLENS_ARTIFACT_THRESHOLD_BYTES", 1024 * 1024)
 CTXLENS_ARTIFACT_TTL_HOURS = env_float("CTXLENS_ARTIFACT_TTL_HOURS", 24.0)
 CTXLENS_ARTIFACT_MAX_TOTAL_BYTES = env_int("CTXLENS_ARTIFACT_MAX_TOTAL_BYTES", 1024 * 1024 * 1024)
+# The server runs the artifact cleanup itself at most once per this many seconds (0: only cron).
+CTXLENS_ARTIFACT_CLEANUP_INTERVAL_S = env_float("CTXLENS_ARTIFACT_CLEANUP_INTERVAL_S", 3600.0)
+# An agent session (pipeline.runtime.agent.Agent.close) removes the artifacts it stored.
+CTXLENS_ARTIFACT_CLEANUP_ON_SESSION_END = env_bool("CTXLENS_ARTIFACT_CLEANUP_ON_SESSION_END", False)
 CTXLENS_SKILLS_DIR = Path(env_str("CTXLENS_SKILLS_DIR", str(BASE_DIR / "skills"))).resolve()
 CTXLENS_COMPRESSION_THRESHOLD = env_float("CTXLENS_COMPRESSION_THRESHOLD", 0.8)
 CTXLENS_MAX_INGEST_BYTES = env_int("CTXLENS_MAX_INGEST_BYTES", 64 * 1024 * 1024)
@@ -244,6 +258,10 @@ CTXLENS_TOOL_OUTPUT_LEVELS = {
     tool: level.lower() for tool, level in env_dict("CTXLENS_TOOL_OUTPUT_LEVELS", {}).items()
 }
 CTXLENS_MAX_TOOL_INPUT_BYTES = env_int("CTXLENS_MAX_TOOL_INPUT_BYTES", 1024 * 1024)
+# The pipeline's OTel metrics, exported to CTXLENS_OTLP_ENDPOINT every interval (seeds: 60 s, 3000 ms).
+CTXLENS_METRICS = env_bool("CTXLENS_METRICS", True)
+CTXLENS_METRICS_EXPORT_INTERVAL_S = env_float("CTXLENS_METRICS_EXPORT_INTERVAL_S", 60.0)
+CTXLENS_METRICS_EXPORT_TIMEOUT_MS = env_int("CTXLENS_METRICS_EXPORT_TIMEOUT_MS", 3000)
 
 # The body of one OTLP request may be as large as CTXLENS_MAX_INGEST_BYTES.
 DATA_UPLOAD_MAX_MEMORY_SIZE = CTXLENS_MAX_INGEST_BYTES + 1024 * 1024

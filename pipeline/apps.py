@@ -9,5 +9,6 @@ class PipelineConfig(AppConfig):
 
     def ready(self) -> None:
         from pipeline import checks, conf  # noqa: F401  (registers checks and receivers)
+        from pipeline.artifacts import periodic  # noqa: F401  (the periodic artifact cleanup's receiver)
 
         conf.install_runtime_settings()

@@ -54,6 +54,10 @@ def check_ctxlens_settings(app_configs: object = None, **kwargs: object) -> list
                 id="pipeline.E032",
             )
         )
+    if settings.CTXLENS_ARTIFACT_CLEANUP_INTERVAL_S < 0:
+        errors.append(Error("CTXLENS_ARTIFACT_CLEANUP_INTERVAL_S must be 0 (off) or more.", id="pipeline.E062"))
+    positive("CTXLENS_METRICS_EXPORT_INTERVAL_S", "pipeline.E060")
+    positive("CTXLENS_METRICS_EXPORT_TIMEOUT_MS", "pipeline.E061")
     if not settings.DEBUG and not settings.ALLOWED_HOSTS:
         errors.append(Error("ALLOWED_HOSTS must be set when DEBUG is off.", id="pipeline.E009"))
     return errors

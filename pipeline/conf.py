@@ -26,6 +26,8 @@ class CtxlensConfig:
     artifact_threshold_bytes: int
     artifact_ttl_hours: float
     artifact_max_total_bytes: int
+    artifact_cleanup_interval_s: float
+    artifact_cleanup_on_session_end: bool
     skills_dir: Path
     compression_threshold: float
     max_ingest_bytes: int
@@ -47,6 +49,9 @@ class CtxlensConfig:
     default_output_level: str
     tool_output_levels: dict[str, str]
     max_tool_input_bytes: int
+    metrics_enabled: bool
+    metrics_export_interval_s: float
+    metrics_export_timeout_ms: int
 
 
 @cache
@@ -56,6 +61,8 @@ def ctxlens_config() -> CtxlensConfig:
         artifact_threshold_bytes=settings.CTXLENS_ARTIFACT_THRESHOLD_BYTES,
         artifact_ttl_hours=settings.CTXLENS_ARTIFACT_TTL_HOURS,
         artifact_max_total_bytes=settings.CTXLENS_ARTIFACT_MAX_TOTAL_BYTES,
+        artifact_cleanup_interval_s=settings.CTXLENS_ARTIFACT_CLEANUP_INTERVAL_S,
+        artifact_cleanup_on_session_end=settings.CTXLENS_ARTIFACT_CLEANUP_ON_SESSION_END,
         skills_dir=Path(settings.CTXLENS_SKILLS_DIR),
         compression_threshold=settings.CTXLENS_COMPRESSION_THRESHOLD,
         max_ingest_bytes=settings.CTXLENS_MAX_INGEST_BYTES,
@@ -77,6 +84,9 @@ def ctxlens_config() -> CtxlensConfig:
         default_output_level=settings.CTXLENS_DEFAULT_OUTPUT_LEVEL,
         tool_output_levels=dict(settings.CTXLENS_TOOL_OUTPUT_LEVELS),
         max_tool_input_bytes=settings.CTXLENS_MAX_TOOL_INPUT_BYTES,
+        metrics_enabled=settings.CTXLENS_METRICS,
+        metrics_export_interval_s=settings.CTXLENS_METRICS_EXPORT_INTERVAL_S,
+        metrics_export_timeout_ms=settings.CTXLENS_METRICS_EXPORT_TIMEOUT_MS,
     )
 
 

@@ -49,6 +49,14 @@ def fresh_cache() -> None:
     cache.clear()
 
 
+@pytest.fixture(autouse=True)
+def no_periodic_artifact_cleanup(settings) -> None:
+    """The server's periodic artifact cleanup (pipeline.artifacts.periodic) would delete, on a
+    background thread, the expired artifacts and orphan files tests create on purpose: off unless
+    a test turns it on."""
+    settings.CTXLENS_ARTIFACT_CLEANUP_INTERVAL_S = 0
+
+
 @pytest.fixture
 def alice(django_user_model):
     """A superuser."""
@@ -124,7 +132,9 @@ def server_env(extra_env: dict[str, str] | None = None) -> dict[str, str]:
     """The environment of a server process on this run's test database, with DEBUG off as shipped
     (whatever the shell running the tests exports) unless `extra_env` sets it."""
     inherited = {name: value for name, value in os.environ.items() if name != "DEBUG"}
-    return {**inherited, "DATABASE_URL": test_database_url(), "PYTHONUNBUFFERED": "1", **(extra_env or {})}
+    return {**inherited, "DATABASE_URL": test_database_url(), "PYTHONUNBUFFERED": "1",
+            "CTXLENS_ARTIFACT_CLEANUP_INTERVAL_S": "0",  # as no_periodic_artifact_cleanup
+            **(extra_env or {})}
 
 
 def wait_healthy(server: LiveServer, *, healthy: bool = True, seconds: float = 30) -> LiveServer:

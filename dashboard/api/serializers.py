@@ -30,7 +30,8 @@ class ConversationSerializer(serializers.ModelSerializer):
         fields = [
             "id", "external_id", "title", "agent_name", "user_id", "service_name", "model", "status",
             "started_at", "last_activity_at", "round_count", "llm_call_count", "tool_call_count",
-            "error_count", "input_tokens", "output_tokens",
+            "error_count", "input_tokens", "output_tokens", "compression_count", "skill_activation_count",
+            "unique_skill_count", "retried_call_count", "message_count",
         ]
 
 

@@ -31,6 +31,14 @@ class Conversation(models.Model):
     error_count = models.PositiveIntegerField(default=0)
     input_tokens = models.BigIntegerField(default=0)
     output_tokens = models.BigIntegerField(default=0)
+    # The seeds' ConversationMetrics, re-aggregated with the counters above: context compressions,
+    # skill activations (and distinct skills), tool calls that needed a retry, and messages in
+    # the conversation's history (user messages, model replies, tool results).
+    compression_count = models.PositiveIntegerField(default=0)
+    skill_activation_count = models.PositiveIntegerField(default=0)
+    unique_skill_count = models.PositiveIntegerField(default=0)
+    retried_call_count = models.PositiveIntegerField(default=0)
+    message_count = models.PositiveIntegerField(default=0)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

@@ -1,6 +1,6 @@
 """ASGI routing for the ingest endpoints: the key and the limits before the body, and Django without middleware.
 
-`OtlpIngestRouter` wraps the project's HTTP application. For POST /v1/traces, /v1/logs and
+`OtlpIngestRouter` wraps the project's HTTP application. For POST /v1/traces, /v1/logs, /v1/metrics and
 /api/ingest/ (Django's own ASGI handler reads a whole body before any view or authentication
 runs) it
 - checks the key, the key's rate budget and the declared Content-Length from the headers
@@ -35,7 +35,7 @@ from pipeline.conf import ctxlens_config
 from pipeline.ingest import service
 from pipeline.receivers.otlp_http import ADMITTED_KEY, Reply, failure_reply, off_the_loop
 
-GUARDED_PATHS = frozenset({"/v1/traces", "/v1/logs"})
+GUARDED_PATHS = frozenset({"/v1/traces", "/v1/logs", "/v1/metrics"})
 REST_PATH = "/api/ingest/"
 REST = "rest"  # not a media type: the refusals of REST_PATH are DRF-style JSON
 BODY_IDLE_SECONDS = 30.0

@@ -41,6 +41,7 @@ from pipeline.runtime.protocol import (
     ToolExecutionResult,
     format_error_observation,
 )
+from pipeline.runtime.settings import runtime_settings
 from pipeline.runtime.skills import SKILL_TOOLS, SkillActivation, SkillRegistry, SkillSession, filter_tools
 from pipeline.runtime.summariser import Summariser
 from pipeline.runtime.telemetry.spans import Telemetry
@@ -154,6 +155,7 @@ class Agent:
         model_for: Callable[[str], BaseChatModel] | None = None,
         conversation: Any = None,
         output_levels: Mapping[str, OutputLevel | str] | None = None,
+        cleanup_artifacts: bool | None = None,
     ) -> None:
         self.chat_model = chat_model
         self.model = model or model_name_of(chat_model)
@@ -186,11 +188,42 @@ class Agent:
         if system_prompt and not (self.messages and isinstance(self.messages[0], SystemMessage)):
             self.messages.insert(0, SystemMessage(system_prompt))
         self.rounds: list[AgentRound] = []
+        # close() removes the session's artifacts (None: runtime_settings().artifact_cleanup_on_session_end)
+        self.cleanup_artifacts = cleanup_artifacts
         self._active_skill_messages: set[int] = set()  # ids of this round's skill messages: kept whole
 
     @property
     def run(self) -> AgentRun:
         return AgentRun(self.conversation_id, self.rounds, self.messages)
+
+    def artifact_ids(self) -> set[str]:
+        """The artifacts this session's tool calls stored (or reused)."""
+        return {t.artifact_id for r in self.rounds for t in r.tool_results if t.artifact_id}
+
+    def close(self) -> int:
+        """End the session: when configured, remove the artifacts it stored; the number removed.
+
+        Only stores that offer `remove(ids)` are cleaned (LocalArtifactStore). A server's store
+        (ctxlens's ServerArtifactStore) has none on purpose: there an artifact a stored tool call
+        refers to stays until its conversation is pruned, so the dashboard can still show it, and
+        the server's own cleanup applies the TTL and size cap. Artifacts are content-addressed: one
+        another session of the same store produced with the same content goes too (its reads then
+        answer that the artifact does not exist).
+        """
+        enabled = runtime_settings().artifact_cleanup_on_session_end if self.cleanup_artifacts is None \
+            else self.cleanup_artifacts
+        remove = getattr(self.executor.artifact_store, "remove", None)
+        if not enabled or remove is None:
+            return 0
+        removed = remove(self.artifact_ids())
+        logger.info("session %s ended: removed %d artifact(s)", self.conversation_id, removed)
+        return removed
+
+    def __enter__(self) -> Agent:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
 
     def _model(self, modifier: ContextModifier | None) -> tuple[BaseChatModel, str]:
         if modifier and modifier.model and modifier.model != self.model and self.model_for:
@@ -242,13 +275,13 @@ class Agent:
             offered = filter_tools(self.tools, modifier)
             model, model_name = self._model(modifier)
             usage = measure(self.messages, model_name, self.compressor.window)
+            provider = self.provider if model is self.chat_model else provider_of(model)
             with self.telemetry.chat(
-                model=model_name, provider=self.provider if model is self.chat_model else provider_of(model),
-                conversation_id=self.conversation_id,
+                model=model_name, provider=provider, conversation_id=self.conversation_id,
                 agent_name=self.agent_name, messages=self.messages, usage=usage, tools=[t.name for t in offered],
             ) as span:
                 response = bind(model, offered).invoke(self.messages)
-                self.telemetry.record_response(span, response)
+                self.telemetry.record_response(span, response, model=model_name, provider=provider)
             round_.llm_calls += 1
             if response.usage_metadata:
                 round_.input_tokens += response.usage_metadata.get("input_tokens", 0)
@@ -335,12 +368,13 @@ def run_agent(
     skills, compressor / compression_strategy / summariser / context_window, executor /
     retry_policy, the executor's adapters (cache, artifact_store, on_worker_exit), output_levels (tool name →
     OutputLevel: the tool configuration, which a level the model asks for in a call's arguments
-    overrides), telemetry, model_for, conversation. When a tool can produce artifacts the agent
-    adds `read_artifact` (reading its executor's artifact store) unless a tool of that name is given.
+    overrides), telemetry, model_for, conversation, cleanup_artifacts. When a tool can produce
+    artifacts the agent adds `read_artifact` (reading its executor's artifact store) unless a tool
+    of that name is given. The run is one session: it ends with Agent.close().
     """
-    agent = Agent(chat_model, tools, messages=messages, **options)
-    if agent.messages and isinstance(agent.messages[-1], HumanMessage):
-        agent.turn()
-    for user_message in turns:
-        agent.turn(user_message)
+    with Agent(chat_model, tools, messages=messages, **options) as agent:
+        if agent.messages and isinstance(agent.messages[-1], HumanMessage):
+            agent.turn()
+        for user_message in turns:
+            agent.turn(user_message)
     return agent.run

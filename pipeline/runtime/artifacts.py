@@ -7,6 +7,8 @@ id, written atomically (a temp file whose name never matches an id, then a renam
 opened without following links and only if they are regular files.
 
 - `ArtifactStore`: the protocol the executor and `read_artifact_tool` use (store / read / exists).
+  A store may also offer `remove(ids)`, which `Agent.close()` calls for the session's artifacts when
+  `artifact_cleanup_on_session_end` is on (CTXLENS_ARTIFACT_CLEANUP_ON_SESSION_END).
 - `LocalArtifactStore`: the default of an agent without a server: files in
   `runtime_settings().artifact_dir` (`var/agent-artifacts` unless configured), their metadata in
   a sidecar `<id>.meta.json` beside each (a name no id matches). A server passes its own store,
@@ -285,6 +287,20 @@ class LocalArtifactStore:
         except ArtifactError:
             return False
         return True
+
+    def remove(self, artifact_ids: Iterable[str]) -> int:
+        """Delete these artifacts (file and sidecar) now, e.g. at the end of the session that stored
+        them (Agent.close); invalid ids are skipped. The number deleted."""
+        root, removed = self._root(), 0
+        for aid in set(artifact_ids):
+            if not isinstance(aid, str) or not ARTIFACT_ID_RE.match(aid):
+                continue
+            sidecar = root / f"{aid}{META_SUFFIX}"
+            existed = sidecar.exists()
+            (root / aid).unlink(missing_ok=True)
+            sidecar.unlink(missing_ok=True)
+            removed += existed
+        return removed
 
     def remove_expired(self) -> int:
         """Delete expired artifacts (file and sidecar); the number deleted."""

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 
-from pipeline.runtime.env import env_dict, env_float, env_int, env_str
+from pipeline.runtime.env import env_bool, env_dict, env_float, env_int, env_str
 
 
 @dataclass(frozen=True)
@@ -28,6 +28,7 @@ class RuntimeSettings:
     artifact_dir: Path = Path("var/agent-artifacts")
     artifact_threshold_bytes: int = 1024 * 1024
     artifact_ttl_hours: float = 24.0
+    artifact_cleanup_on_session_end: bool = False  # Agent.close() removes the session's artifacts
     skills_dir: Path = Path("skills")
     compression_threshold: float = 0.8
     token_encoders_file: Path = Path("config/token_encoders.yaml")
@@ -41,6 +42,9 @@ class RuntimeSettings:
     default_output_level: str = "standard"
     tool_output_levels: Mapping[str, str] = field(default_factory=dict)
     max_tool_input_bytes: int = 1024 * 1024
+    metrics_enabled: bool = True
+    metrics_export_interval_s: float = 60.0
+    metrics_export_timeout_ms: int = 3000
 
     @classmethod
     def from_env(cls) -> RuntimeSettings:
@@ -51,6 +55,8 @@ class RuntimeSettings:
             artifact_dir=Path(env_str("CTXLENS_ARTIFACT_DIR", str(data_dir / "agent-artifacts"))).resolve(),
             artifact_threshold_bytes=env_int("CTXLENS_ARTIFACT_THRESHOLD_BYTES", defaults.artifact_threshold_bytes),
             artifact_ttl_hours=env_float("CTXLENS_ARTIFACT_TTL_HOURS", defaults.artifact_ttl_hours),
+            artifact_cleanup_on_session_end=env_bool(
+                "CTXLENS_ARTIFACT_CLEANUP_ON_SESSION_END", defaults.artifact_cleanup_on_session_end),
             skills_dir=Path(env_str("CTXLENS_SKILLS_DIR", str(defaults.skills_dir))).resolve(),
             compression_threshold=env_float("CTXLENS_COMPRESSION_THRESHOLD", defaults.compression_threshold),
             token_encoders_file=Path(env_str("CTXLENS_TOKEN_ENCODERS_FILE", str(defaults.token_encoders_file))).resolve(),
@@ -66,6 +72,9 @@ class RuntimeSettings:
                 tool: level.lower() for tool, level in env_dict("CTXLENS_TOOL_OUTPUT_LEVELS", {}).items()
             },
             max_tool_input_bytes=env_int("CTXLENS_MAX_TOOL_INPUT_BYTES", defaults.max_tool_input_bytes),
+            metrics_enabled=env_bool("CTXLENS_METRICS", defaults.metrics_enabled),
+            metrics_export_interval_s=env_float("CTXLENS_METRICS_EXPORT_INTERVAL_S", defaults.metrics_export_interval_s),
+            metrics_export_timeout_ms=env_int("CTXLENS_METRICS_EXPORT_TIMEOUT_MS", defaults.metrics_export_timeout_ms),
         )
 
 

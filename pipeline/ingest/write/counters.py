@@ -10,7 +10,7 @@ round_id / conversation_id and no rows travel to Python.
 from __future__ import annotations
 
 from pipeline.ingest.write import sql
-from pipeline.models import Conversation, LLMCall, Round, Status, ToolCall
+from pipeline.models import CompressionEvent, Conversation, LLMCall, Round, SkillActivation, Status, ToolCall
 
 
 def recompute_counters(round_ids: set[int], conversation_ids: set[int]) -> None:
@@ -40,6 +40,10 @@ def _recompute_rounds(round_ids: list[int]) -> None:
 def _recompute_conversations(conversation_ids: list[int]) -> None:
     c, r, llm = sql.table(Conversation), sql.table(Round), sql.table(LLMCall)
     of_rounds = f"FROM {r} x WHERE x.conversation_id = {c}.id"
+    of_compressions = f"FROM {sql.table(CompressionEvent)} x WHERE x.conversation_id = {c}.id"
+    # Level 3 rows are resource loads of a skill already activated, not activations.
+    of_skills = f"FROM {sql.table(SkillActivation)} x WHERE x.conversation_id = {c}.id AND x.load_level < 3"
+    of_tools = f"FROM {sql.table(ToolCall)} x WHERE x.conversation_id = {c}.id"
     sql.execute(
         f"UPDATE {c} SET "
         f"round_count = (SELECT COUNT(*) {of_rounds}), "
@@ -48,6 +52,13 @@ def _recompute_conversations(conversation_ids: list[int]) -> None:
         f"error_count = (SELECT COALESCE(SUM(x.error_count), 0) {of_rounds}), "
         f"input_tokens = (SELECT COALESCE(SUM(x.input_tokens), 0) {of_rounds}), "
         f"output_tokens = (SELECT COALESCE(SUM(x.output_tokens), 0) {of_rounds}), "
+        f"compression_count = (SELECT COUNT(*) {of_compressions}), "
+        f"skill_activation_count = (SELECT COUNT(*) {of_skills}), "
+        f"unique_skill_count = (SELECT COUNT(DISTINCT x.skill_name) {of_skills}), "
+        f"retried_call_count = (SELECT COUNT(*) {of_tools} AND x.retry_count > 0), "
+        # the history's messages: each user message, each model reply, each tool result
+        f"message_count = (SELECT COUNT(*) {of_rounds} AND x.user_message <> '') "
+        f"+ (SELECT COUNT(*) FROM {llm} x WHERE x.conversation_id = {c}.id) + (SELECT COUNT(*) {of_tools}), "
         # the newest turn says whether the conversation is running, fine or failed
         f"status = COALESCE((SELECT x.status {of_rounds} ORDER BY x.started_at DESC, x.id DESC LIMIT 1), %s), "
         f"model = COALESCE((SELECT x.model FROM {llm} x WHERE x.conversation_id = {c}.id AND x.model <> '' "

@@ -60,6 +60,10 @@ class ObservabilityConfig:
     service_name: str = "ctxlens-agent"
     environment: str = "development"
     capture_content: bool = True  # messages, arguments and results on spans
+    # Metrics (pipeline.runtime.telemetry.metrics), exported to otlp_endpoint; the seeds' defaults.
+    enable_metrics: bool = True
+    metrics_export_interval_s: float = 60.0
+    metrics_export_timeout_ms: int = 3000
 
     @classmethod
     def from_settings(cls, **overrides: Any) -> ObservabilityConfig:
@@ -72,6 +76,9 @@ class ObservabilityConfig:
             otlp_protocol=config.otlp_protocol,
             service_name=config.service_name,
             environment=config.environment,
+            enable_metrics=config.metrics_enabled,
+            metrics_export_interval_s=config.metrics_export_interval_s,
+            metrics_export_timeout_ms=config.metrics_export_timeout_ms,
         )
         return replace(base, **overrides)
 
@@ -103,17 +110,21 @@ def otlp_exporter(config: ObservabilityConfig) -> SpanExporter:
     )
 
 
-def build_tracer_provider(
-    config: ObservabilityConfig, *, exporters: Sequence[SpanExporter] = (), batch: bool = True
-) -> TracerProvider:
-    """A TracerProvider for one use: resource, sampler, and a processor per destination."""
-    resource = Resource.create(
+def build_resource(config: ObservabilityConfig) -> Resource:
+    return Resource.create(
         {
             "service.name": config.service_name,
             "deployment.environment.name": config.environment,
             "telemetry.sdk.name": "opentelemetry",
         }
     )
+
+
+def build_tracer_provider(
+    config: ObservabilityConfig, *, exporters: Sequence[SpanExporter] = (), batch: bool = True
+) -> TracerProvider:
+    """A TracerProvider for one use: resource, sampler, and a processor per destination."""
+    resource = build_resource(config)
     provider = TracerProvider(resource=resource, sampler=_sampler(config.sampling_rate))
     destinations: list[SpanExporter] = []
     if config.otlp_endpoint:

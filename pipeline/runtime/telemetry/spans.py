@@ -23,13 +23,23 @@ from typing import TYPE_CHECKING, Any
 from langchain_core.messages import AIMessage, BaseMessage
 from opentelemetry import trace
 from opentelemetry.context import Context
+from opentelemetry.metrics import NoOpMeter
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import MetricReader
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SpanExporter
 from opentelemetry.trace import Link, NoOpTracer, Span, SpanKind, Status, StatusCode, Tracer
 
 from pipeline import semconv as sc
 from pipeline.runtime.genai_messages import MAX_PART_CHARS, clip, finish_reason, output_message, to_genai_messages
-from pipeline.runtime.telemetry.config import SCOPE_NAME, SCOPE_VERSION, ObservabilityConfig, build_tracer_provider
+from pipeline.runtime.telemetry.config import (
+    SCOPE_NAME,
+    SCOPE_VERSION,
+    ObservabilityConfig,
+    build_resource,
+    build_tracer_provider,
+)
+from pipeline.runtime.telemetry.metrics import PipelineMetrics, build_meter_provider
 
 if TYPE_CHECKING:
     from pipeline.runtime.compression import CompressionResult
@@ -43,35 +53,47 @@ def _json(value: Any) -> str:
 
 
 class Telemetry:
-    """The spans one agent emits. `Telemetry.disabled()` records nothing and costs next to nothing."""
+    """The spans and metrics one agent emits. `Telemetry.disabled()` records nothing and costs next to nothing."""
 
     def __init__(
         self, tracer: Tracer | None = None, *, provider: TracerProvider | None = None,
-        capture_content: bool = True, max_chars: int = MAX_PART_CHARS,
+        meter_provider: MeterProvider | None = None, capture_content: bool = True, max_chars: int = MAX_PART_CHARS,
     ) -> None:
         self.provider = provider
+        self.meter_provider = meter_provider
         self.tracer = tracer or (provider.get_tracer(SCOPE_NAME, SCOPE_VERSION) if provider else NoOpTracer())
+        meter = meter_provider.get_meter(SCOPE_NAME, SCOPE_VERSION) if meter_provider else NoOpMeter(SCOPE_NAME)
+        self.metrics = PipelineMetrics(meter)
         self.capture_content = capture_content
         self.max_chars = max_chars
 
     @classmethod
     def from_config(
-        cls, config: ObservabilityConfig | None = None, *, exporters: Sequence[SpanExporter] = (), batch: bool = True
+        cls, config: ObservabilityConfig | None = None, *, exporters: Sequence[SpanExporter] = (), batch: bool = True,
+        metric_readers: Sequence[MetricReader] = (),
     ) -> Telemetry:
+        """Spans to the OTLP endpoint and `exporters`; metrics to the OTLP endpoint (every
+        `metrics_export_interval_s`) and `metric_readers`."""
         config = config or ObservabilityConfig.from_settings()
         provider = build_tracer_provider(config, exporters=exporters, batch=batch)
-        return cls(provider=provider, capture_content=config.capture_content)
+        meter_provider = build_meter_provider(config, build_resource(config), readers=metric_readers)
+        return cls(provider=provider, meter_provider=meter_provider, capture_content=config.capture_content)
 
     @classmethod
     def disabled(cls) -> Telemetry:
         return cls(NoOpTracer())
 
     def flush(self, timeout_millis: int = 30_000) -> bool:
-        return self.provider.force_flush(timeout_millis) if self.provider else True
+        spans = self.provider.force_flush(timeout_millis) if self.provider else True
+        metrics = self.meter_provider.force_flush(timeout_millis) if self.meter_provider else True
+        return spans and metrics
 
     def shutdown(self) -> None:
+        """Flush and stop: the remaining spans, and a last export of the metrics."""
         if self.provider:
             self.provider.shutdown()
+        if self.meter_provider:
+            self.meter_provider.shutdown()
 
     def _messages(self, messages: Sequence[BaseMessage]) -> str:
         return _json(to_genai_messages(messages, self.max_chars))
@@ -129,11 +151,16 @@ class Telemetry:
                     span.set_attribute("gen_ai.input.messages", self._messages(messages))
             yield span
 
-    def record_response(self, span: Span, response: AIMessage) -> None:
+    def record_response(self, span: Span, response: AIMessage, *, model: str = "", provider: str = "") -> None:
+        """The response's attributes on a `chat` span, and its token usage as metrics (`model`,
+        `provider`: what the call asked for, as on `chat`)."""
+        usage = response.usage_metadata or {}
+        if usage:
+            self.metrics.record_tokens(model=model, provider=provider, input_tokens=int(usage.get("input_tokens", 0)),
+                                       output_tokens=int(usage.get("output_tokens", 0)))
         if not span.is_recording():
             return
         meta = response.response_metadata or {}
-        usage = response.usage_metadata or {}
         attributes: dict[str, Any] = {"gen_ai.response.finish_reasons": [finish_reason(response)]}
         if meta.get("model_name") or meta.get("model"):
             attributes["gen_ai.response.model"] = str(meta.get("model_name") or meta.get("model"))
@@ -171,7 +198,8 @@ class Telemetry:
             yield span
 
     def record_tool_result(self, span: Span, result: ToolExecutionResult) -> None:
-        """The result's attributes on an `execute_tool` span; failed attempts become events."""
+        """The result's attributes on an `execute_tool` span (failed attempts become events), and its metrics."""
+        self.metrics.record_tool(result)
         if not span.is_recording():
             return
         attributes: dict[str, Any] = {
