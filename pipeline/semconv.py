@@ -70,6 +70,8 @@ COMPRESSION_SUMMARISED = "ctxlens.compression.summarised"  # JSON list of indexe
 COMPRESSION_SUMMARY = "ctxlens.compression.summary"
 COMPRESSION_CONTEXT_WINDOW = "ctxlens.compression.context_window"
 COMPRESSION_SUMMARY_STATUS = "ctxlens.compression.summary_status"  # scheduled | applied | cost_cap | ...
+COMPRESSION_ESTIMATED_COSTS = "ctxlens.compression.estimated_costs"  # JSON {strategy: estimated USD}
+COMPRESSION_SELECTION = "ctxlens.compression.selection"  # "configured" or why the automatic choice chose it
 
 # On activate_skill spans.
 SKILL_NAME = "ctxlens.skill.name"

@@ -72,7 +72,7 @@ class CompressionDetailSerializer(CompressionSummarySerializer):
     class Meta(CompressionSummarySerializer.Meta):
         fields = [
             *CompressionSummarySerializer.Meta.fields, "tokens_before_by_category", "tokens_after_by_category",
-            "before_messages", "after_messages", "dropped", "summarised", "summary",
+            "before_messages", "after_messages", "dropped", "summarised", "summary", "estimated_costs", "selection",
         ]
 
 

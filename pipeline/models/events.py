@@ -39,6 +39,10 @@ class CompressionEvent(models.Model):
     dropped = models.JSONField(default=list, blank=True)
     summarised = models.JSONField(default=list, blank=True)
     summary = models.TextField(blank=True)
+    # The estimated USD of each strategy for this compression ({strategy: cost}), and why the
+    # strategy was used: "configured", or the reason of the automatic choice.
+    estimated_costs = models.JSONField(default=dict, blank=True)
+    selection = models.CharField(max_length=255, blank=True)
 
     class Meta:
         ordering = ["occurred_at"]

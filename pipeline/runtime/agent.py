@@ -118,7 +118,7 @@ class Agent:
         max_steps: int = 10,
         skills: SkillRegistry | SkillSession | None = None,
         compressor: ContextCompressor | None = None,
-        compression_strategy: CompressionStrategy | str = CompressionStrategy.EXTRACT,
+        compression_strategy: CompressionStrategy | str = CompressionStrategy.AUTO,
         summariser: Summariser | None = None,
         context_window: int | None = None,
         executor: ToolExecutor | None = None,

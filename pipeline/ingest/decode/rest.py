@@ -245,6 +245,9 @@ class _Batch:
         if after is not None:
             attrs[sc.COMPRESSION_AFTER_MESSAGES] = _messages(after)
         _set(attrs, sc.COMPRESSION_SUMMARY, event.get("summary"))
+        if event.get("estimated_costs") is not None:
+            attrs[sc.COMPRESSION_ESTIMATED_COSTS] = _json(event["estimated_costs"])
+        _set(attrs, sc.COMPRESSION_SELECTION, event.get("selection"))
         record.status_code = STATUS_OK
 
     def add_skill_activation(self, event: dict[str, Any]) -> None:

@@ -206,8 +206,19 @@ class CompressionEventSerializer(EventSerializer):
     summarised = serializers.ListField(child=serializers.IntegerField(min_value=0), required=False,
                                        help_text="Indexes into before_messages folded into the summary.")
     summary = text()
+    estimated_costs = serializers.DictField(
+        child=serializers.FloatField(min_value=0), required=False,
+        help_text="Estimated USD of each strategy for this compression, e.g. {\"truncate\": 0, \"summarize\": 0.012}.",
+    )
+    selection = serializers.CharField(max_length=255, required=False, allow_blank=True,
+                                      help_text="Why this strategy: \"configured\" or the automatic choice's reason.")
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        unknown = sorted(set(attrs.get("estimated_costs", {})) - set(CompressionStrategy.values))
+        if unknown:
+            raise serializers.ValidationError(
+                {"estimated_costs": [f"Unknown strategies {unknown}; use {CompressionStrategy.values}."]}
+            )
         before = attrs.get("before_messages")
         if before is not None:
             for name in ("dropped", "summarised"):

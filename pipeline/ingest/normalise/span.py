@@ -10,6 +10,7 @@ skill activation the span describes. Linking across spans (rounds, tool ↔ LLM 
 from __future__ import annotations
 
 import hashlib
+import math
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -27,6 +28,8 @@ from pipeline.ingest.normalise.payloads import (
 from pipeline.ingest.records import SpanRecord
 from pipeline.ingest.normalise.values import MAX_COUNT, first, first_count, first_str, json_dict, parse_json, to_text
 from pipeline.tokens.counting import context_window
+
+STRATEGIES = ("truncate", "extract", "summarize")  # compression strategies a cost may be recorded for
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 STATUS_ERROR = 2
@@ -293,7 +296,19 @@ def compression_fields(record: SpanRecord) -> dict[str, Any]:
         "dropped": json_list(sc.COMPRESSION_DROPPED),
         "summarised": json_list(sc.COMPRESSION_SUMMARISED),
         "summary": first_str(attrs, sc.COMPRESSION_SUMMARY),
+        "estimated_costs": estimated_costs(attrs.get(sc.COMPRESSION_ESTIMATED_COSTS)),
+        "selection": first_str(attrs, sc.COMPRESSION_SELECTION)[:255],
     }
+
+
+def estimated_costs(value: Any) -> dict[str, float]:
+    """{strategy: estimated USD}: the known strategies with a finite, non-negative number; the rest is dropped."""
+    costs: dict[str, float] = {}
+    for strategy, cost in json_dict(value).items():
+        if strategy in STRATEGIES and isinstance(cost, int | float) and not isinstance(cost, bool) \
+                and math.isfinite(cost) and cost >= 0:
+            costs[strategy] = float(cost)
+    return costs
 
 
 def skill_fields(record: SpanRecord) -> dict[str, Any]:

@@ -213,6 +213,8 @@ class Telemetry:
                 sc.COMPRESSION_SUMMARISED: _json(result.summarised),
                 sc.COMPRESSION_CONTEXT_WINDOW: result.usage_before.window,
                 sc.COMPRESSION_SUMMARY_STATUS: result.summary_status,
+                sc.COMPRESSION_ESTIMATED_COSTS: _json(result.estimated_costs),
+                sc.COMPRESSION_SELECTION: result.selection,
             })
             if self.capture_content:
                 span.set_attributes({
