@@ -213,6 +213,8 @@ CTXLENS_ARTIFACT_THRESHOLD_BYTES = env_int("CTXLENS_ARTIFACT_THRESHOLD_BYTES", 1
 CTXLENS_ARTIFACT_TTL_HOURS = env_float("CTXLENS_ARTIFACT_TTL_HOURS", 24.0)
 CTXLENS_ARTIFACT_MAX_TOTAL_BYTES = env_int("CTXLENS_ARTIFACT_MAX_TOTAL_BYTES", 1024 * 1024 * 1024)
 CTXLENS_SKILLS_DIR = Path(env_str("CTXLENS_SKILLS_DIR", str(BASE_DIR / "skills"))).resolve()
+# "package.module:callable" taking a model name and returning a LangChain chat model (a skill's `model`).
+CTXLENS_MODEL_FACTORY = env_str("CTXLENS_MODEL_FACTORY", "")
 CTXLENS_COMPRESSION_THRESHOLD = env_float("CTXLENS_COMPRESSION_THRESHOLD", 0.8)
 CTXLENS_MAX_INGEST_BYTES = env_int("CTXLENS_MAX_INGEST_BYTES", 64 * 1024 * 1024)
 # Request bodies this process holds at once, over all ingest requests; over it → 503 + Retry-After.

@@ -47,6 +47,7 @@ class CtxlensConfig:
     default_output_level: str
     tool_output_levels: dict[str, str]
     max_tool_input_bytes: int
+    model_factory: str
 
 
 @cache
@@ -77,6 +78,7 @@ def ctxlens_config() -> CtxlensConfig:
         default_output_level=settings.CTXLENS_DEFAULT_OUTPUT_LEVEL,
         tool_output_levels=dict(settings.CTXLENS_TOOL_OUTPUT_LEVELS),
         max_tool_input_bytes=settings.CTXLENS_MAX_TOOL_INPUT_BYTES,
+        model_factory=settings.CTXLENS_MODEL_FACTORY,
     )
 
 

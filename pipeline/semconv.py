@@ -81,3 +81,7 @@ SKILL_DEPTH = "ctxlens.skill.depth"
 SKILL_CONTEXT_MODIFIER = "ctxlens.skill.context_modifier"  # JSON
 SKILL_TOKENS = "ctxlens.skill.tokens"
 SKILL_RESOURCE = "ctxlens.skill.resource"  # level 3: the resource path inside the skill
+SKILL_RESOURCES = "ctxlens.skill.resources"  # JSON list: every resource file loaded (level 3)
+# JSON list of the messages the activation injected: {"kind": metadata|instruction|permissions,
+# "visibility": visible|hidden, "resource", "tokens", "content" (only when content is captured)}.
+SKILL_MESSAGES = "ctxlens.skill.messages"

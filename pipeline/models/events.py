@@ -76,6 +76,9 @@ class SkillActivation(models.Model):
     depth = models.PositiveSmallIntegerField(default=1)
     context_modifier = models.JSONField(default=dict, blank=True)
     tokens = models.IntegerField(default=0)
+    resources = models.JSONField(default=list, blank=True)  # level 3: the resource files loaded
+    # The injected messages: [{"kind", "visibility": "visible" | "hidden", "resource", "tokens", "content"}].
+    messages = models.JSONField(default=list, blank=True)
     status = models.CharField(max_length=16, default="ok")
     error_message = models.TextField(blank=True)
     activated_at = models.DateTimeField()

@@ -6,7 +6,8 @@
 
 Each step: apply ready background summaries (at a round's start) and compress when the window
 is over the threshold; offer the model the tools the active skills allow (`bind_tools` when the
-model supports it) and switch model if a skill asks for one and `model_for` can provide it;
+model supports it) and switch model if a skill asks for one (`model_for`, else the configured
+CTXLENS_MODEL_FACTORY, else the same provider's model of that name: pipeline.runtime.model_factory);
 run every tool call through the ToolExecutor and append its ToolMessage (the id is the model's);
 inject the messages of skills activated on the way. The round ends at an answer without tool
 calls or at `max_steps`. Works with any LangChain chat model that supports tool calling.
@@ -28,7 +29,8 @@ from langchain_core.tools import BaseTool
 from pipeline.runtime.artifacts import ArtifactStore
 from pipeline.runtime.cache import Cache
 from pipeline.runtime.compression import CompressionResult, CompressionStrategy, ContextCompressor
-from pipeline.runtime.context import SKILLS_CATEGORY, measure, with_marker
+from pipeline.runtime.model_factory import ModelSwitch
+from pipeline.runtime.context import SKILLS_CATEGORY, measure, with_extra, with_marker
 from pipeline.runtime.protocol import (
     ContextModifier,
     ExecutionContext,
@@ -36,9 +38,10 @@ from pipeline.runtime.protocol import (
     ToolExecutionResult,
     format_error_observation,
 )
-from pipeline.runtime.skills import SKILL_TOOLS, SkillActivation, SkillRegistry, SkillSession, filter_tools
+from pipeline.runtime.skills import ACTIVATE_TOOL, SKILL_TOOLS, SkillActivation, SkillRegistry, SkillSession, filter_tools
 from pipeline.runtime.summariser import Summariser
 from pipeline.runtime.telemetry.spans import Telemetry
+from pipeline.tokens.counting import count_tokens
 from pipeline.runtime.executor import RetryPolicy, ToolExecutor
 
 logger = logging.getLogger(__name__)
@@ -139,6 +142,7 @@ class Agent:
         self.user_id = user_id
         self.max_steps = max_steps
         self.model_for = model_for
+        self.models = ModelSwitch(chat_model, self.model, model_for)  # a skill's model switch
         self.conversation = conversation
         self.output_levels = {name: OutputLevel.parse(level) for name, level in (output_levels or {}).items()}
         self.telemetry = telemetry or Telemetry.disabled()
@@ -164,9 +168,7 @@ class Agent:
         return AgentRun(self.conversation_id, self.rounds, self.messages)
 
     def _model(self, modifier: ContextModifier | None) -> tuple[BaseChatModel, str]:
-        if modifier and modifier.model and modifier.model != self.model and self.model_for:
-            return self.model_for(modifier.model), modifier.model
-        return self.chat_model, self.model
+        return self.models.get(modifier.model if modifier else None)
 
     def turn(self, user_message: str | HumanMessage | None = None, *, activate: Sequence[str] = ()) -> AgentRound:
         """Run one round. Without `user_message` the conversation must already end with one.
@@ -213,6 +215,9 @@ class Agent:
             offered = filter_tools(self.tools, modifier)
             model, model_name = self._model(modifier)
             usage = measure(self.messages, model_name, self.compressor.window)
+            listing = next((t for t in offered if t.name == ACTIVATE_TOOL), None)
+            if listing is not None:  # level 1 of every skill, read by the model in the tool's description
+                usage = with_extra(usage, SKILLS_CATEGORY, count_tokens(listing.description, model_name))
             with self.telemetry.chat(
                 model=model_name, provider=self.provider if model is self.chat_model else provider_of(model),
                 conversation_id=self.conversation_id,

@@ -41,6 +41,7 @@ class RuntimeSettings:
     default_output_level: str = "standard"
     tool_output_levels: Mapping[str, str] = field(default_factory=dict)
     max_tool_input_bytes: int = 1024 * 1024
+    model_factory: str = ""  # "package.module:callable": model name -> LangChain chat model, for skills' model switch
 
     @classmethod
     def from_env(cls) -> RuntimeSettings:
@@ -66,6 +67,7 @@ class RuntimeSettings:
                 tool: level.lower() for tool, level in env_dict("CTXLENS_TOOL_OUTPUT_LEVELS", {}).items()
             },
             max_tool_input_bytes=env_int("CTXLENS_MAX_TOOL_INPUT_BYTES", defaults.max_tool_input_bytes),
+            model_factory=env_str("CTXLENS_MODEL_FACTORY"),
         )
 
 

@@ -323,7 +323,38 @@ def skill_fields(record: SpanRecord) -> dict[str, Any]:
         "depth": max(1, first_count(attrs, sc.SKILL_DEPTH) or len(chain) or 1),
         "context_modifier": json_dict(attrs.get(sc.SKILL_CONTEXT_MODIFIER)),
         "tokens": first_count(attrs, sc.SKILL_TOKENS) or 0,
+        "resources": skill_resources(attrs),
+        "messages": skill_messages(attrs.get(sc.SKILL_MESSAGES)),
     }
+
+
+def skill_resources(attrs: dict[str, Any]) -> list[str]:
+    """The resource files an activation loaded: SKILL_RESOURCES, else the one SKILL_RESOURCE."""
+    listed = parse_json(attrs.get(sc.SKILL_RESOURCES))
+    names = listed if isinstance(listed, list | tuple) else [first_str(attrs, sc.SKILL_RESOURCE)]
+    return [str(n)[:1000] for n in names if isinstance(n, str) and n][:200]
+
+
+SKILL_MESSAGE_KINDS = ("metadata", "instruction", "permissions")
+
+
+def skill_messages(value: Any) -> list[dict[str, Any]]:
+    """The messages an activation injected, each {kind, visibility, resource, tokens, content}; other shapes are dropped."""
+    parsed = parse_json(value)
+    out: list[dict[str, Any]] = []
+    for item in parsed if isinstance(parsed, list | tuple) else ():
+        if not isinstance(item, dict) or item.get("kind") not in SKILL_MESSAGE_KINDS:
+            continue
+        tokens = item.get("tokens")
+        resource = item.get("resource")
+        out.append({
+            "kind": item["kind"],
+            "visibility": "hidden" if item.get("visibility") == "hidden" else "visible",
+            "resource": resource[:1000] if isinstance(resource, str) and resource else None,
+            "tokens": tokens if isinstance(tokens, int) and not isinstance(tokens, bool) and 0 <= tokens <= MAX_COUNT else None,
+            "content": to_text(item.get("content", "")),
+        })
+    return out
 
 
 def normalise(record: SpanRecord) -> NormalisedSpan:
