@@ -79,8 +79,8 @@ class CompressionDetailSerializer(CompressionSummarySerializer):
 class SkillActivationSerializer(serializers.ModelSerializer):
     class Meta:
         model = SkillActivation
-        fields = ["id", "skill_name", "load_level", "chain", "depth", "context_modifier", "tokens", "status",
-                  "error_message", "activated_at"]
+        fields = ["id", "skill_name", "load_level", "chain", "depth", "context_modifier", "tokens", "resources",
+                  "messages", "status", "error_message", "activated_at"]
 
 
 class RoundSerializer(serializers.ModelSerializer):

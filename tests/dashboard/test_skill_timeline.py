@@ -82,6 +82,10 @@ def test_a_level_3_activation_shows_its_resource_files_modifier_and_message_visi
     assert len(re.findall(r'data-visibility="visible"', step)) == 1
     assert "hidden from the user" in step and "# Sales analysis" in step  # the hidden instructions, for debugging
 
+    detail = client.get(f"/api/conversations/{stored.conversation_id}/").json()
+    [api] = detail["rounds"][0]["skill_activations"]
+    assert (api["load_level"], api["resources"], api["messages"]) == (3, resources, stored.messages)
+
 
 def test_a_skills_model_switch_needs_no_model_for(settings, tmp_path):
     write_skill(tmp_path, "brief-mode", "model: gpt-4o-mini\n")

@@ -237,7 +237,11 @@ def test_compressions_and_skill_activations_are_stored(api):
          "selection": "auto: 62 messages ≥ 50"},
         {"type": "skill_activation", "conversation_id": "c1", "round_id": "r1", "activation_id": "s-1",
          "timestamp": "2026-05-01T12:00:01Z", "skill_name": "pdf", "level": 3, "chain": ["docs", "pdf"],
-         "context_modifier": {"allowed_tools": ["read_pdf"]}, "tokens": 300},
+         "context_modifier": {"allowed_tools": ["read_pdf"]}, "tokens": 300,
+         "resources": ["references/forms.md"], "messages": [
+             {"kind": "metadata", "content": "pdf is loading"},
+             {"kind": "instruction", "visibility": "hidden", "resource": "references/forms.md", "tokens": 290,
+              "content": "<b>forms</b>"}]},
     ]
 
     assert api.post(URL, payload(*events), format="json").status_code == 200
@@ -255,6 +259,11 @@ def test_compressions_and_skill_activations_are_stored(api):
     assert (skill.skill_name, skill.load_level, skill.chain, skill.depth, skill.tokens) == (
         "pdf", 3, ["docs", "pdf"], 2, 300)
     assert skill.context_modifier == {"allowed_tools": ["read_pdf"]}
+    assert skill.resources == ["references/forms.md"]
+    assert skill.messages == [
+        {"kind": "metadata", "visibility": "visible", "resource": None, "tokens": None, "content": "pdf is loading"},
+        {"kind": "instruction", "visibility": "hidden", "resource": "references/forms.md", "tokens": 290,
+         "content": "<b>forms</b>"}]
     assert compression.round_id == skill.round_id == Round.objects.get(key="r1").id
 
 

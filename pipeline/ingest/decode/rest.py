@@ -266,6 +266,10 @@ class _Batch:
         if event.get("context_modifier") is not None:
             attrs[sc.SKILL_CONTEXT_MODIFIER] = _json(event["context_modifier"])
         _set(attrs, sc.SKILL_TOKENS, event.get("tokens"))
+        if event.get("resources"):
+            attrs[sc.SKILL_RESOURCES] = _json(event["resources"])
+        if event.get("messages"):
+            attrs[sc.SKILL_MESSAGES] = _json(event["messages"])
         _outcome(record, event)
 
 

@@ -230,6 +230,14 @@ class CompressionEventSerializer(EventSerializer):
         return attrs
 
 
+class SkillMessageSerializer(serializers.Serializer):
+    kind = serializers.ChoiceField(choices=("metadata", "instruction", "permissions"))
+    visibility = serializers.ChoiceField(choices=("visible", "hidden"), default="visible")
+    resource = serializers.CharField(max_length=1000, required=False, allow_null=True)
+    tokens = count()
+    content = text()
+
+
 class SkillActivationEventSerializer(OutcomeFields, EventSerializer):
     type = serializers.ChoiceField(choices=["skill_activation"])
     activation_id = client_id(help_text="Your id of this activation, unique in its turn.")
@@ -242,6 +250,10 @@ class SkillActivationEventSerializer(OutcomeFields, EventSerializer):
     depth = serializers.IntegerField(min_value=1, required=False)
     context_modifier = serializers.DictField(required=False)
     tokens = count()
+    resources = serializers.ListField(child=serializers.CharField(max_length=1000), required=False, max_length=200,
+                                      help_text="Level 3: the resource files loaded, paths inside the skill.")
+    messages = SkillMessageSerializer(many=True, required=False,
+                                      help_text="The messages the activation injected, with their visibility.")
 
 
 EVENT_SERIALIZERS: dict[str, type[EventSerializer]] = {
