@@ -135,7 +135,8 @@ def bench_compression(repeat: int) -> None:
             result = compressor.compress(messages)
             times.append((time.perf_counter() - began) * 1000)
         assert result is not None
-        print(f"  {strategy.value:10s} {statistics.median(times):8.1f}   {result.tokens_before:,} → {result.tokens_after:,} tokens, "
+        label = strategy.value if strategy is result.strategy else f"{strategy.value}→{result.strategy.value}"
+        print(f"  {label:18s} {statistics.median(times):8.1f}   {result.tokens_before:,} → {result.tokens_after:,} tokens, "
               f"{len(result.dropped)} dropped, {len(result.summarised)} summarised")
     summariser.close()
     started = time.perf_counter()

@@ -227,6 +227,8 @@ CTXLENS_ARTIFACT_CLEANUP_INTERVAL_S = env_float("CTXLENS_ARTIFACT_CLEANUP_INTERV
 # An agent session (pipeline.runtime.agent.Agent.close) removes the artifacts it stored.
 CTXLENS_ARTIFACT_CLEANUP_ON_SESSION_END = env_bool("CTXLENS_ARTIFACT_CLEANUP_ON_SESSION_END", False)
 CTXLENS_SKILLS_DIR = Path(env_str("CTXLENS_SKILLS_DIR", str(BASE_DIR / "skills"))).resolve()
+# "package.module:callable" taking a model name and returning a LangChain chat model (a skill's `model`).
+CTXLENS_MODEL_FACTORY = env_str("CTXLENS_MODEL_FACTORY", "")
 CTXLENS_COMPRESSION_THRESHOLD = env_float("CTXLENS_COMPRESSION_THRESHOLD", 0.8)
 CTXLENS_MAX_INGEST_BYTES = env_int("CTXLENS_MAX_INGEST_BYTES", 64 * 1024 * 1024)
 # Request bodies this process holds at once, over all ingest requests; over it → 503 + Retry-After.

@@ -96,3 +96,16 @@ def check_ingest_limits(app_configs: object = None, **kwargs: object) -> list:
         errors.append(Error("CTXLENS_MAX_INFLIGHT_BYTES must be at least CTXLENS_MAX_INGEST_BYTES, or a request of "
                             "the largest accepted size could never be admitted.", id="pipeline.E064"))
     return errors
+
+
+@register()
+def check_model_factory(app_configs: object = None, **kwargs: object) -> list:
+    """CTXLENS_MODEL_FACTORY, when set, names an importable callable (pipeline.runtime.model_factory)."""
+    from pipeline.runtime.model_factory import ModelFactoryError, configured_factory
+
+    try:
+        configured_factory()
+    except ModelFactoryError as exc:
+        return [Error(f"{exc}; use 'package.module:callable' (model name -> LangChain chat model).",
+                      id="pipeline.E070")]
+    return []

@@ -52,6 +52,7 @@ class CtxlensConfig:
     metrics_enabled: bool
     metrics_export_interval_s: float
     metrics_export_timeout_ms: int
+    model_factory: str
 
 
 @cache
@@ -87,6 +88,7 @@ def ctxlens_config() -> CtxlensConfig:
         metrics_enabled=settings.CTXLENS_METRICS,
         metrics_export_interval_s=settings.CTXLENS_METRICS_EXPORT_INTERVAL_S,
         metrics_export_timeout_ms=settings.CTXLENS_METRICS_EXPORT_TIMEOUT_MS,
+        model_factory=settings.CTXLENS_MODEL_FACTORY,
     )
 
 

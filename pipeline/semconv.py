@@ -74,6 +74,8 @@ COMPRESSION_SUMMARISED = "ctxlens.compression.summarised"  # JSON list of indexe
 COMPRESSION_SUMMARY = "ctxlens.compression.summary"
 COMPRESSION_CONTEXT_WINDOW = "ctxlens.compression.context_window"
 COMPRESSION_SUMMARY_STATUS = "ctxlens.compression.summary_status"  # scheduled | applied | cost_cap | ...
+COMPRESSION_ESTIMATED_COSTS = "ctxlens.compression.estimated_costs"  # JSON {strategy: estimated USD}
+COMPRESSION_SELECTION = "ctxlens.compression.selection"  # "configured" or why the automatic choice chose it
 
 # On activate_skill spans.
 SKILL_NAME = "ctxlens.skill.name"
@@ -83,3 +85,7 @@ SKILL_DEPTH = "ctxlens.skill.depth"
 SKILL_CONTEXT_MODIFIER = "ctxlens.skill.context_modifier"  # JSON
 SKILL_TOKENS = "ctxlens.skill.tokens"
 SKILL_RESOURCE = "ctxlens.skill.resource"  # level 3: the resource path inside the skill
+SKILL_RESOURCES = "ctxlens.skill.resources"  # JSON list: every resource file loaded (level 3)
+# JSON list of the messages the activation injected: {"kind": metadata|instruction|permissions,
+# "visibility": visible|hidden, "resource", "tokens", "content" (only when content is captured)}.
+SKILL_MESSAGES = "ctxlens.skill.messages"

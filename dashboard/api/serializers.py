@@ -81,15 +81,15 @@ class CompressionDetailSerializer(CompressionSummarySerializer):
     class Meta(CompressionSummarySerializer.Meta):
         fields = [
             *CompressionSummarySerializer.Meta.fields, "tokens_before_by_category", "tokens_after_by_category",
-            "before_messages", "after_messages", "dropped", "summarised", "summary",
+            "before_messages", "after_messages", "dropped", "summarised", "summary", "estimated_costs", "selection",
         ]
 
 
 class SkillActivationSerializer(serializers.ModelSerializer):
     class Meta:
         model = SkillActivation
-        fields = ["id", "skill_name", "load_level", "chain", "depth", "context_modifier", "tokens", "status",
-                  "error_message", "activated_at"]
+        fields = ["id", "skill_name", "load_level", "chain", "depth", "context_modifier", "tokens", "resources",
+                  "messages", "status", "error_message", "activated_at"]
 
 
 class RoundSerializer(serializers.ModelSerializer):

@@ -13,6 +13,7 @@ from dashboard.queries import HEAVY_COMPRESSION_FIELDS
 from dashboard.views.common import page
 from dashboard.views.llm_call import MessageView, message_views
 from pipeline.models import CompressionEvent
+from pipeline.models.events import CompressionStrategy
 from pipeline.semconv import CONTEXT_CATEGORIES
 
 PAGE_SIZE = 50
@@ -34,6 +35,24 @@ class CategoryRow:
     @property
     def saved(self) -> int:
         return self.before - self.after
+
+
+@dataclass(frozen=True)
+class StrategyCost:
+    strategy: str
+    label: str
+    cost: float
+    chosen: bool
+
+
+def strategy_costs(event: CompressionEvent) -> list[StrategyCost]:
+    """The estimated cost of each strategy recorded on the event, in the usual order, the one used marked."""
+    costs = event.estimated_costs if isinstance(event.estimated_costs, dict) else {}
+    return [
+        StrategyCost(value, label, float(costs[value]), value == event.strategy)
+        for value, label in CompressionStrategy.choices
+        if isinstance(costs.get(value), int | float)
+    ]
 
 
 def _indexes(value: object) -> set[int]:
@@ -87,6 +106,7 @@ def compression_detail(request: HttpRequest, pk: int) -> HttpResponse:
         "before": before_messages(event),
         "after": after_messages(event),
         "categories": category_rows(event),
+        "costs": strategy_costs(event),
         "saved_percent": 100 * event.tokens_saved / event.tokens_before if event.tokens_before else None,
     }
     return render(request, "dashboard/compression.html", context)

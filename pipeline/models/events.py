@@ -39,6 +39,10 @@ class CompressionEvent(models.Model):
     dropped = models.JSONField(default=list, blank=True)
     summarised = models.JSONField(default=list, blank=True)
     summary = models.TextField(blank=True)
+    # The estimated USD of each strategy for this compression ({strategy: cost}), and why the
+    # strategy was used: "configured", or the reason of the automatic choice.
+    estimated_costs = models.JSONField(default=dict, blank=True)
+    selection = models.CharField(max_length=255, blank=True)
 
     class Meta:
         ordering = ["occurred_at"]
@@ -72,6 +76,9 @@ class SkillActivation(models.Model):
     depth = models.PositiveSmallIntegerField(default=1)
     context_modifier = models.JSONField(default=dict, blank=True)
     tokens = models.IntegerField(default=0)
+    resources = models.JSONField(default=list, blank=True)  # level 3: the resource files loaded
+    # The injected messages: [{"kind", "visibility": "visible" | "hidden", "resource", "tokens", "content"}].
+    messages = models.JSONField(default=list, blank=True)
     status = models.CharField(max_length=16, default="ok")
     error_message = models.TextField(blank=True)
     activated_at = models.DateTimeField()

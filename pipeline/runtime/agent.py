@@ -6,7 +6,8 @@
 
 Each step: apply ready background summaries (at a round's start) and compress when the window
 is over the threshold; offer the model the tools the active skills allow (`bind_tools` when the
-model supports it) and switch model if a skill asks for one and `model_for` can provide it;
+model supports it) and switch model if a skill asks for one (`model_for`, else the configured
+CTXLENS_MODEL_FACTORY, else the same provider's model of that name: pipeline.runtime.model_factory);
 run every tool call through the ToolExecutor and append its ToolMessage (the id is the model's;
 every tool is offered with an optional `output_level` argument, the explicit level of the
 seeds' chain, and a `read_artifact` tool joins when artifacts can be produced);
@@ -32,7 +33,8 @@ from pipeline.runtime.artifact_tool import needs_artifact_reader, read_artifact_
 from pipeline.runtime.artifacts import ArtifactStore
 from pipeline.runtime.cache import Cache
 from pipeline.runtime.compression import CompressionResult, CompressionStrategy, ContextCompressor
-from pipeline.runtime.context import SKILLS_CATEGORY, measure, with_marker
+from pipeline.runtime.context import SKILLS_CATEGORY, measure, with_extra, with_marker
+from pipeline.runtime.model_factory import ModelSwitch
 from pipeline.runtime.observations import LEVEL_ARGUMENT
 from pipeline.runtime.protocol import (
     ContextModifier,
@@ -42,9 +44,10 @@ from pipeline.runtime.protocol import (
     format_error_observation,
 )
 from pipeline.runtime.settings import runtime_settings
-from pipeline.runtime.skills import SKILL_TOOLS, SkillActivation, SkillRegistry, SkillSession, filter_tools
+from pipeline.runtime.skills import ACTIVATE_TOOL, SKILL_TOOLS, SkillActivation, SkillRegistry, SkillSession, filter_tools
 from pipeline.runtime.summariser import Summariser
 from pipeline.runtime.telemetry.spans import Telemetry
+from pipeline.tokens.counting import count_tokens
 from pipeline.runtime.executor import RetryPolicy, ToolExecutor
 
 logger = logging.getLogger(__name__)
@@ -143,7 +146,7 @@ class Agent:
         max_steps: int = 10,
         skills: SkillRegistry | SkillSession | None = None,
         compressor: ContextCompressor | None = None,
-        compression_strategy: CompressionStrategy | str = CompressionStrategy.EXTRACT,
+        compression_strategy: CompressionStrategy | str = CompressionStrategy.AUTO,
         summariser: Summariser | None = None,
         context_window: int | None = None,
         executor: ToolExecutor | None = None,
@@ -165,6 +168,7 @@ class Agent:
         self.user_id = user_id
         self.max_steps = max_steps
         self.model_for = model_for
+        self.models = ModelSwitch(chat_model, self.model, model_for)  # a skill's model switch
         self.conversation = conversation
         self.telemetry = telemetry or Telemetry.disabled()
         if isinstance(skills, SkillRegistry):
@@ -226,9 +230,7 @@ class Agent:
         self.close()
 
     def _model(self, modifier: ContextModifier | None) -> tuple[BaseChatModel, str]:
-        if modifier and modifier.model and modifier.model != self.model and self.model_for:
-            return self.model_for(modifier.model), modifier.model
-        return self.chat_model, self.model
+        return self.models.get(modifier.model if modifier else None)
 
     def turn(self, user_message: str | HumanMessage | None = None, *, activate: Sequence[str] = ()) -> AgentRound:
         """Run one round. Without `user_message` the conversation must already end with one.
@@ -276,6 +278,9 @@ class Agent:
             model, model_name = self._model(modifier)
             usage = measure(self.messages, model_name, self.compressor.window)
             provider = self.provider if model is self.chat_model else provider_of(model)
+            listing = next((t for t in offered if t.name == ACTIVATE_TOOL), None)
+            if listing is not None:  # level 1 of every skill, read by the model in the tool's description
+                usage = with_extra(usage, SKILLS_CATEGORY, count_tokens(listing.description, model_name))
             with self.telemetry.chat(
                 model=model_name, provider=provider, conversation_id=self.conversation_id,
                 agent_name=self.agent_name, messages=self.messages, usage=usage, tools=[t.name for t in offered],

@@ -138,6 +138,14 @@ def measure(
                         approximate=approximate)
 
 
+def with_extra(usage: ContextUsage, category: str, tokens: int) -> ContextUsage:
+    """`usage` plus `tokens` in `category` that are not messages (e.g. the skill listing the model
+    reads in a tool description), taken from what is free."""
+    by_category = {**usage.by_category, category: usage.by_category.get(category, 0) + tokens}
+    by_category["free"] = max(usage.window - sum(v for k, v in by_category.items() if k != "free"), 0)
+    return ContextUsage(model=usage.model, window=usage.window, by_category=by_category, messages=usage.messages)
+
+
 def needs_compression(usage: ContextUsage, threshold: float | None = None) -> bool:
     """True above CTXLENS_COMPRESSION_THRESHOLD (0.8) of the window."""
     limit = runtime_settings().compression_threshold if threshold is None else threshold

@@ -45,6 +45,7 @@ class RuntimeSettings:
     metrics_enabled: bool = True
     metrics_export_interval_s: float = 60.0
     metrics_export_timeout_ms: int = 3000
+    model_factory: str = ""  # "package.module:callable": model name -> LangChain chat model, for skills' model switch
 
     @classmethod
     def from_env(cls) -> RuntimeSettings:
@@ -75,6 +76,7 @@ class RuntimeSettings:
             metrics_enabled=env_bool("CTXLENS_METRICS", defaults.metrics_enabled),
             metrics_export_interval_s=env_float("CTXLENS_METRICS_EXPORT_INTERVAL_S", defaults.metrics_export_interval_s),
             metrics_export_timeout_ms=env_int("CTXLENS_METRICS_EXPORT_TIMEOUT_MS", defaults.metrics_export_timeout_ms),
+            model_factory=env_str("CTXLENS_MODEL_FACTORY"),
         )
 
 

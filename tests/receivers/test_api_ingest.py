@@ -235,10 +235,15 @@ def test_compressions_and_skill_activations_are_stored(api):
          "context_window": 10000, "tokens_before_by_category": {"system": 500, "tool_observations": 8500},
          "tokens_after_by_category": {"system": 500, "compressed_summaries": 1500},
          "before_messages": before, "after_messages": after, "dropped": [2], "summarised": [1],
-         "summary": "asked before"},
+         "summary": "asked before", "estimated_costs": {"truncate": 0, "extract": 0.009, "summarize": 0.027},
+         "selection": "auto: 62 messages ≥ 50"},
         {"type": "skill_activation", "conversation_id": "c1", "round_id": "r1", "activation_id": "s-1",
          "timestamp": "2026-05-01T12:00:01Z", "skill_name": "pdf", "level": 3, "chain": ["docs", "pdf"],
-         "context_modifier": {"allowed_tools": ["read_pdf"]}, "tokens": 300},
+         "context_modifier": {"allowed_tools": ["read_pdf"]}, "tokens": 300,
+         "resources": ["references/forms.md"], "messages": [
+             {"kind": "metadata", "content": "pdf is loading"},
+             {"kind": "instruction", "visibility": "hidden", "resource": "references/forms.md", "tokens": 290,
+              "content": "<b>forms</b>"}]},
     ]
 
     assert api.post(URL, payload(*events), format="json").status_code == 200
@@ -248,12 +253,19 @@ def test_compressions_and_skill_activations_are_stored(api):
     assert (compression.messages_before, compression.messages_after) == (3, 2)
     assert compression.tokens_after_by_category == {"system": 500, "compressed_summaries": 1500}
     assert (compression.dropped, compression.summarised, compression.summary) == ([2], [1], "asked before")
+    assert compression.estimated_costs == {"truncate": 0.0, "extract": 0.009, "summarize": 0.027}
+    assert compression.selection == "auto: 62 messages ≥ 50"
     assert compression.before_messages[2] == {
         "role": "tool", "parts": [{"type": "tool_call_response", "id": "call_0", "response": "big output"}]}
     skill = SkillActivation.objects.get()
     assert (skill.skill_name, skill.load_level, skill.chain, skill.depth, skill.tokens) == (
         "pdf", 3, ["docs", "pdf"], 2, 300)
     assert skill.context_modifier == {"allowed_tools": ["read_pdf"]}
+    assert skill.resources == ["references/forms.md"]
+    assert skill.messages == [
+        {"kind": "metadata", "visibility": "visible", "resource": None, "tokens": None, "content": "pdf is loading"},
+        {"kind": "instruction", "visibility": "hidden", "resource": "references/forms.md", "tokens": 290,
+         "content": "<b>forms</b>"}]
     assert compression.round_id == skill.round_id == Round.objects.get(key="r1").id
 
 
@@ -410,6 +422,17 @@ def test_compression_indexes_must_point_into_the_messages(api):
 
     assert reply.status_code == 400
     assert "[4]" in reply.json()["events"]["0"]["dropped"][0]
+    assert set(row_counts().values()) == {0}
+
+
+@pytest.mark.parametrize("costs", [{"compact": 0.1}, {"extract": -1}, {"extract": "cheap"}])
+def test_estimated_costs_must_name_a_strategy_and_a_non_negative_amount(api, costs):
+    event = {"type": "compression", "conversation_id": "c1", "compression_id": "x", "timestamp": "2026-05-01T12:00Z",
+             "strategy": "truncate", "tokens_before": 10, "tokens_after": 5, "estimated_costs": costs}
+
+    reply = api.post(URL, payload(event), format="json")
+
+    assert reply.status_code == 400 and "estimated_costs" in reply.json()["events"]["0"]
     assert set(row_counts().values()) == {0}
 
 

@@ -1,4 +1,5 @@
-"""Context compression: the three strategies, the background summary, the cost cap, and the invariants."""
+"""Context compression: the seeds' rules (20 messages, 5 protected rounds, HIGH never compressed, TRUNCATE
+keeps 5), the automatic choice and its costs, the background summary, the cost cap, and the invariants."""
 
 from __future__ import annotations
 
@@ -15,14 +16,14 @@ from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage, ToolMessage
 from langchain_core.outputs import ChatGeneration, ChatResult
 
-from pipeline.runtime.compression import CompressionStrategy, ContextCompressor, group_units
+from pipeline.runtime.compression import CompressionStrategy, ContextCompressor, group_units, round_numbers
 from pipeline.runtime.context import MessageImportance, importance_of, marker, pairing_problems
 from pipeline.runtime.skills import SkillMessage
 from pipeline.runtime.summariser import Summariser
 from pipeline.tokens.counting import count_conversation_tokens, count_message_tokens
 
 MODEL = "gpt-4o"
-STRATEGIES = list(CompressionStrategy)
+STRATEGIES = [CompressionStrategy.TRUNCATE, CompressionStrategy.EXTRACT, CompressionStrategy.SUMMARIZE]
 
 
 class RecordingChatModel(BaseChatModel):
@@ -53,7 +54,8 @@ def clear_cache():
     cache.clear()
 
 
-def long_conversation(rounds: int = 6, rows: int = 2000) -> list[BaseMessage]:
+def long_conversation(rounds: int = 10, rows: int = 2000) -> list[BaseMessage]:
+    """A system prompt, then `rounds` rounds of 4 messages: question, tool call, observation, answer."""
     messages: list[BaseMessage] = [SystemMessage("You are a sales analyst.")]
     for r in range(rounds):
         messages += [
@@ -63,6 +65,15 @@ def long_conversation(rounds: int = 6, rows: int = 2000) -> list[BaseMessage]:
             AIMessage(f"Sales in period {r} were {r}00 in EMEA. " * 10),
         ]
     return messages
+
+
+def fitting(messages: list[BaseMessage], share: float = 1.1) -> int:
+    """A window the conversation fits in (over the threshold: compression has work to do)."""
+    return int(count_conversation_tokens(messages, MODEL) * share)
+
+
+def kept(message: BaseMessage, result) -> bool:
+    return any(message is m for m in result.after)
 
 
 def check_invariants(before: list[BaseMessage], result) -> None:
@@ -119,25 +130,39 @@ def conversations(draw) -> list[BaseMessage]:
     return messages
 
 
-@hsettings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(messages=conversations(), window=st.integers(50, 6000), keep_last=st.integers(0, 3), strategy=st.sampled_from(STRATEGIES))
-def test_compression_keeps_the_invariants_for_any_valid_conversation(messages, window, keep_last, strategy):
+@hsettings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(messages=conversations(), window=st.integers(50, 6000), protect=st.integers(0, 3), tail=st.integers(0, 6),
+       strategy=st.sampled_from(STRATEGIES))
+def test_compression_keeps_the_invariants_for_any_valid_conversation(messages, window, protect, tail, strategy):
     assert pairing_problems(messages) == []
-    compressor = ContextCompressor(MODEL, window=window, threshold=0.8, keep_last=keep_last)
+    compressor = ContextCompressor(MODEL, window=window, threshold=0.8, min_messages=0, protect_rounds=protect,
+                                   truncate_keep=tail)
     result = compressor.compress(messages, strategy)
     if result is None:
         return
     check_invariants(messages, result)
-    units = group_units(messages)
-    newest = [i for unit in units[max(len(units) - keep_last, 0):] for i in unit]
-    assert all(any(messages[i] is m for m in result.after) for i in newest), "one of the newest units changed"
+    rounds = round_numbers(messages)
+    newest = group_units(messages)[-1]
+    assert all(kept(messages[i], result) for i in newest), "the newest unit changed"
+    if result.tokens_before > window:
+        return  # over the whole window, the seeds' protections give way
+    current = [m for m, r in zip(messages, rounds) if r == rounds[-1] and (r >= 0 or isinstance(m, SystemMessage))]
+    assert all(kept(m, result) for m in current), "the current round changed"
+    if strategy is CompressionStrategy.TRUNCATE:
+        assert all(kept(m, result) for m in messages[len(messages) - tail:]), "one of the last messages changed"
+    else:
+        protected = [m for m, r in zip(messages, rounds) if r >= rounds[-1] - protect]
+        assert all(kept(m, result) for m in protected), "a message of a protected round changed"
+        high = [m for m in messages if importance_of(m) is MessageImportance.HIGH]
+        assert all(kept(m, result) for m in high), "a HIGH message was compressed"
 
 
 @hsettings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(messages=conversations(), window=st.integers(50, 6000), reply=text)
 def test_swapping_in_a_background_summary_keeps_the_invariants(messages, window, reply):
     summariser = Summariser(RecordingChatModel(calls=[], reply=reply or "empty"), model=MODEL, max_cost_per_hour=1e9, cache=cache)
-    compressor = ContextCompressor(MODEL, window=window, strategy="summarize", summariser=summariser, keep_last=1)
+    compressor = ContextCompressor(MODEL, window=window, strategy="summarize", summariser=summariser, min_messages=0,
+                                   protect_rounds=0)
     try:
         first = compressor.compress(messages)
         assert summariser.wait(5)
@@ -159,38 +184,77 @@ def test_units_keep_every_tool_message_with_its_call(messages):
 
 # ---- strategies -----------------------------------------------------------------------------
 
-def test_truncate_drops_the_oldest_units_whole_and_leaves_a_notice():
-    messages = long_conversation()
-    compressor = ContextCompressor(MODEL, window=30_000)
-    result = compressor.compress(messages, "truncate")
+def test_truncate_keeps_the_last_five_messages_and_removes_what_came_before():
+    messages = long_conversation(rows=200)
+    result = ContextCompressor(MODEL, window=fitting(messages)).compress(messages, "truncate")
     check_invariants(messages, result)
-    assert result.strategy is CompressionStrategy.TRUNCATE
-    assert result.dropped[:2] == [2, 3]  # the first call and its observation, together
-    assert result.after[0] is messages[0] and result.after[1] is messages[1]  # system prompt and user kept
+    assert result.strategy is CompressionStrategy.TRUNCATE and result.selection == "configured"
+    # The last 5 messages are round 9's call, observation and answer and round 9's question … and
+    # the 5th-last is round 8's answer; everything else but the system prompt and the questions goes.
+    assert all(kept(m, result) for m in messages[-5:])
+    users = [m for m in messages if isinstance(m, HumanMessage)]
+    assert all(kept(m, result) for m in users) and result.after[0] is messages[0]
+    assert result.dropped == [i for i in range(1, len(messages) - 5) if not isinstance(messages[i], HumanMessage)]
     notice = result.after[2]
     assert "earlier messages were removed" in notice.content and marker(notice)["category"] == "compressed_summaries"
-    assert result.tokens_after <= compressor.target < result.tokens_before
     assert result.usage_after.by_category["compressed_summaries"] > 0
 
 
-def test_extract_shortens_old_messages_and_keeps_their_tool_calls():
-    messages = long_conversation()
-    result = ContextCompressor(MODEL, window=30_000).compress(messages, "extract")
+def test_truncate_keeps_a_tool_call_with_its_observation_and_the_current_round_whole():
+    def call(*ids: str) -> list[BaseMessage]:
+        ask = AIMessage("looking up", tool_calls=[{"id": i, "name": "query_sales", "args": {"q": i}} for i in ids])
+        return [ask, *(ToolMessage(f"rows {i} " * 200, tool_call_id=i) for i in ids)]
+
+    history = long_conversation(rounds=8, rows=200)
+    # The 5th-last message is the observation `a`: its call (6th-last) and sibling stay with it.
+    messages = [*history, HumanMessage("Compare A and B."), *call("a", "b"), HumanMessage("And E?"), *call("e")]
+    result = ContextCompressor(MODEL, window=fitting(messages)).compress(messages, "truncate")
     check_invariants(messages, result)
-    assert result.dropped == [] and result.summarised[:3] == [2, 3, 4]
-    call, observation = result.after[2], result.after[3]
-    assert call.tool_calls == messages[2].tool_calls
-    assert observation.tool_call_id == "call_0" and observation.name == "query_sales"
-    assert "[extract of" in observation.content and len(observation.content) < 300
-    assert marker(observation)["original_tokens"] > 1000
-    assert result.usage_before.by_category["tool_observations"] > result.usage_after.by_category["tool_observations"]
+    assert all(kept(m, result) for m in messages[len(history):])
+    assert result.dropped == [i for i in range(1, len(history)) if not isinstance(messages[i], HumanMessage)]
+    # A round in progress longer than 5 messages is kept whole: the model is working on its results.
+    messages = [*history, HumanMessage("Compare A to E."), *call("a", "b"), *call("c"), *call("d", "e")]
+    result = ContextCompressor(MODEL, window=fitting(messages)).compress(messages, "truncate")
+    check_invariants(messages, result)
+    assert len(messages) - len(history) == 9 and all(kept(m, result) for m in messages[len(history):])
 
 
-def test_extract_falls_back_to_dropping_when_extracts_are_not_enough():
-    messages = long_conversation(rounds=8, rows=30)
-    result = ContextCompressor(MODEL, window=900, keep_last=1).compress(messages, "extract")
+def test_extract_never_compresses_tool_observations_or_the_current_and_last_five_rounds():
+    messages = long_conversation(rows=200)  # 10 rounds: rounds 0-3 are old, 4-8 protected, 9 current
+    result = ContextCompressor(MODEL, window=fitting(messages)).compress(messages, "extract")
     check_invariants(messages, result)
-    assert result.dropped and result.summarised
+    old_thoughts = [1 + 4 * r + k for r in range(4) for k in (1, 3)]  # the tool call's text and the answer
+    assert result.dropped == [] and result.summarised == old_thoughts
+    assert all(kept(m, result) for m in messages if isinstance(m, ToolMessage))
+    assert all(kept(m, result) for m in messages[1 + 4 * 4:])
+    call = result.after[2]
+    assert call.tool_calls == messages[2].tool_calls and "[extract of" in call.content
+
+
+def test_a_conversation_over_the_window_gives_up_the_protections_oldest_first_but_not_the_newest_results():
+    messages = long_conversation(rounds=6, rows=2000)  # 25 messages, all in protected rounds
+    window = fitting(messages, 0.7)
+    result = ContextCompressor(MODEL, window=window).compress(messages, "extract")
+    check_invariants(messages, result)
+    assert result.tokens_after <= window * 0.8
+    assert any(isinstance(messages[i], ToolMessage) for i in result.summarised)  # observations extracted …
+    assert min(result.summarised) == 2 and all(kept(m, result) for m in messages[-4:])  # … oldest first
+    # A single round over the window: its older tool results give way, its newest one never.
+    round_ = [HumanMessage("Read all five reports.")]
+    for n in range(5):
+        round_ += [AIMessage("", tool_calls=[{"id": f"r{n}", "name": "read", "args": {}}]),
+                   ToolMessage(f"report {n} " * 3000, tool_call_id=f"r{n}")]
+    result = ContextCompressor(MODEL, window=fitting(round_, 0.7)).compress(round_, "extract")
+    check_invariants(round_, result)
+    assert result.summarised[0] == 2 and kept(round_[-1], result) and kept(round_[-2], result)
+
+
+def test_under_twenty_messages_nothing_is_compressed_while_the_conversation_fits():
+    messages = long_conversation(rounds=4, rows=300)  # 17 messages
+    for strategy in STRATEGIES:
+        assert ContextCompressor(MODEL, window=fitting(messages)).compress(messages, strategy) is None
+    result = ContextCompressor(MODEL, window=fitting(messages, 0.8)).compress(messages, "extract")
+    check_invariants(messages, result)  # over the window: the request would be refused
 
 
 def test_an_errored_tool_call_is_kept_while_its_sibling_is_extracted():
@@ -203,7 +267,7 @@ def test_an_errored_tool_call_is_kept_while_its_sibling_is_extracted():
         HumanMessage("again"),
     ]
     for strategy in STRATEGIES:
-        result = ContextCompressor(MODEL, window=1500, keep_last=1).compress(messages, strategy)
+        result = ContextCompressor(MODEL, window=1500).compress(messages, strategy)
         if strategy is CompressionStrategy.TRUNCATE:
             assert result is None or 3 not in result.dropped
             continue
@@ -212,7 +276,7 @@ def test_an_errored_tool_call_is_kept_while_its_sibling_is_extracted():
 
 
 def test_nothing_to_compress_returns_none():
-    only_users = [HumanMessage("word " * 500) for _ in range(5)]
+    only_users = [HumanMessage("word " * 500) for _ in range(25)]
     for strategy in STRATEGIES:
         assert ContextCompressor(MODEL, window=100).compress(only_users, strategy) is None
 
@@ -226,13 +290,50 @@ def test_prepare_compresses_only_above_the_threshold():
     assert len(results) == 1 and after is results[0].after
 
 
+# ---- the automatic choice and its costs -------------------------------------------------------
+
+def test_auto_extracts_below_the_llm_threshold_and_records_every_strategys_cost():
+    summariser = Summariser(RecordingChatModel(calls=[]), model=MODEL, cache=cache)
+    for rounds, reason in ((7, "29 messages, under 30"), (12, "49 messages, under the LLM threshold of 50")):
+        messages = long_conversation(rounds=rounds, rows=100)
+        result = ContextCompressor(MODEL, window=fitting(messages), summariser=summariser).compress(messages)
+        assert result.strategy is CompressionStrategy.EXTRACT and result.selection == f"auto: {reason}"
+        tokens = result.tokens_before
+        assert result.estimated_costs == {
+            "truncate": 0.0, "extract": round(tokens / 1000 * 0.001, 6), "summarize": round(tokens / 1000 * 0.003, 6)}
+    summariser.close()
+
+
+def test_auto_summarizes_from_fifty_messages_when_the_hours_budget_allows():
+    messages = long_conversation(rounds=13, rows=100)  # 53 messages
+    summariser = Summariser(RecordingChatModel(calls=[]), model=MODEL, cost_per_1k_tokens=0.01, max_cost_per_hour=1.0,
+                            cache=cache)
+    result = ContextCompressor(MODEL, window=fitting(messages), summariser=summariser).compress(messages)
+    check_invariants(messages, result)
+    assert result.strategy is CompressionStrategy.SUMMARIZE and result.summary_status == "scheduled"
+    assert result.selection.startswith("auto: 53 messages ≥ 50")
+    assert result.estimated_costs["summarize"] == round(result.tokens_before / 1000 * 0.01, 6)  # the summariser's rate
+    summariser.wait(5)
+    summariser.close()
+
+
+def test_auto_falls_back_to_extract_when_the_summary_would_break_the_hours_budget():
+    messages = long_conversation(rounds=13, rows=100)
+    summariser = Summariser(RecordingChatModel(calls=[]), model=MODEL, max_cost_per_hour=0.001, cache=cache)
+    result = ContextCompressor(MODEL, window=fitting(messages), summariser=summariser).compress(messages)
+    assert result.strategy is CompressionStrategy.EXTRACT and "over the $0.0010 left" in result.selection
+    no_llm = ContextCompressor(MODEL, window=fitting(messages)).compress(messages)
+    assert no_llm.strategy is CompressionStrategy.EXTRACT and no_llm.selection == "auto: no summariser configured"
+    summariser.close()
+
+
 # ---- summarize ------------------------------------------------------------------------------
 
 def test_summarize_extracts_now_and_uses_the_background_summary_from_the_next_round():
     model = RecordingChatModel(calls=[])
     summariser = Summariser(model, model=MODEL, cache=cache)
-    compressor = ContextCompressor(MODEL, window=30_000, strategy="summarize", summariser=summariser)
-    messages = long_conversation()
+    messages = long_conversation(rows=200)
+    compressor = ContextCompressor(MODEL, window=fitting(messages), strategy="summarize", summariser=summariser)
 
     first = compressor.compress(messages)
     check_invariants(messages, first)
@@ -241,7 +342,8 @@ def test_summarize_extracts_now_and_uses_the_background_summary_from_the_next_ro
     assert marked and all(importance_of(m) is not MessageImportance.CRITICAL for m in marked)
     assert summariser.wait(5)
     transcript = model.calls[0][1].content
-    assert "region=EMEA revenue=000" in transcript  # the originals, not the extracts
+    assert "Sales in period 0 were 000 in EMEA. Sales" in transcript  # the originals, not the extracts
+    assert "region=EMEA" not in transcript  # observations are HIGH: never summarised
     key = marker(marked[0])["summary_key"]
     assert cache.get(f"ctxlens:summary:{key}") == model.reply
 
@@ -259,8 +361,9 @@ def test_summarize_extracts_now_and_uses_the_background_summary_from_the_next_ro
 def test_a_summary_longer_than_the_extracts_it_replaces_is_cut_to_fit():
     model = RecordingChatModel(calls=[], reply="The analyst asked about EMEA sales by period. " * 300)
     summariser = Summariser(model, model=MODEL, cache=cache)
-    compressor = ContextCompressor(MODEL, window=30_000, strategy="summarize", summariser=summariser)
-    first = compressor.compress(long_conversation())
+    messages = long_conversation(rows=200)
+    compressor = ContextCompressor(MODEL, window=fitting(messages), strategy="summarize", summariser=summariser)
+    first = compressor.compress(messages)
     assert summariser.wait(5)
     applied = compressor.apply_summaries(first.after)
     check_invariants(first.after, applied)
@@ -327,7 +430,7 @@ def test_the_hourly_cost_cap_stops_summaries_until_the_next_hour():
 
 def test_summarize_over_the_cost_cap_still_extracts():
     summariser = Summariser(RecordingChatModel(calls=[]), model=MODEL, max_cost_per_hour=0.0, cache=cache)
-    messages = long_conversation()
-    result = ContextCompressor(MODEL, window=30_000, strategy="summarize", summariser=summariser).compress(messages)
+    messages = long_conversation(rows=200)
+    result = ContextCompressor(MODEL, window=fitting(messages), strategy="summarize", summariser=summariser).compress(messages)
     check_invariants(messages, result)
     assert result.summary_status == "cost_cap" and result.summarised

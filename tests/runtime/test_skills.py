@@ -297,7 +297,7 @@ def test_the_skill_tools_activate_and_read_resources_and_raise_tool_errors(skill
     with pytest.raises(ToolError) as caught:
         read.invoke({"skill": "alpha", "path": "references/notes.md"})
     assert caught.value.error_type is ToolErrorType.INVALID_INPUT  # not active yet
-    assert "Skill alpha activated; chain: alpha" in activate.invoke({"name": "alpha"})
+    assert "Skill alpha activated at level 2; chain: alpha" in activate.invoke({"name": "alpha"})
     assert read.invoke({"skill": "alpha", "path": "references/notes.md"}) == "the glossary"
     with pytest.raises(ToolError) as caught:
         read.invoke({"skill": "alpha", "path": "../alpha/SKILL.md"})
@@ -308,3 +308,34 @@ def test_the_skill_tools_activate_and_read_resources_and_raise_tool_errors(skill
     events = session.drain_events()
     assert [(e.skill, e.level, e.resource) for e in events] == [("alpha", 2, None), ("alpha", 3, "references/notes.md")]
     assert events[1].tokens == count_tokens("the glossary", MODEL)
+
+
+def test_the_load_level_is_per_request_and_nested_activations_inherit_it(skills_dir):
+    make_skill(skills_dir, "outer", requires="[inner]", allowed_tools="[lookup]", model="gpt-4o-mini",
+               body="Outer instructions.")
+    inner = make_skill(skills_dir, "inner", body="Inner instructions.")
+    (inner / "references").mkdir()
+    (inner / "references" / "notes.md").write_text("inner notes")
+    session = SkillSession(SkillRegistry(), model=MODEL)
+    activate, _ = session.tools()
+
+    assert "activated at level 1" in activate.invoke({"name": "outer", "level": 1})
+    outer, nested = session.drain_events()
+    assert (outer.level, nested.level) == (1, 1)
+    assert [(m.kind, m.visible) for m in outer.messages] == [("metadata", True)]  # no instructions at level 1
+    assert "Allowed tools: lookup." in outer.messages[0].content and "Model: gpt-4o-mini." in outer.messages[0].content
+    assert "Outer instructions." not in outer.messages[0].content
+    assert outer.tokens == count_tokens(outer.messages[0].content, MODEL)
+    session.end_turn()
+
+    session.activate("inner", level=3)
+    [loaded] = session.drain_events()
+    assert loaded.resources == ["references/notes.md"]
+    [resource] = [m for m in loaded.messages if m.resource]
+    assert not resource.visible and resource.content.endswith("inner notes")
+    assert loaded.tokens == sum(loaded.message_tokens) == sum(count_tokens(m.content, MODEL) for m in loaded.messages)
+    session.end_turn()
+
+    with pytest.raises(ToolError) as caught:
+        activate.invoke({"name": "inner", "level": 4})
+    assert caught.value.error_type is ToolErrorType.INVALID_INPUT and "1, 2 or 3" in str(caught.value)

@@ -51,6 +51,17 @@ def test_a_system_check_reports_a_bad_setting(settings, name, value, error_id):
     assert error_id in [e.id for e in check_ctxlens_settings()]
 
 
+@pytest.mark.parametrize("path", ["no_such_module:factory", "pipeline.semconv:SPAN_KIND", "pipeline.runtime:nothing"])
+def test_a_model_factory_that_names_no_callable_is_reported(settings, path):
+    from pipeline.checks import check_model_factory
+
+    settings.CTXLENS_MODEL_FACTORY = path
+    [error] = check_model_factory()
+    assert error.id == "pipeline.E070" and path in error.msg
+    settings.CTXLENS_MODEL_FACTORY = "tests.dashboard.test_skill_timeline:factory_model"
+    assert check_model_factory() == []
+
+
 def test_the_default_settings_pass_the_checks():
     assert [e for e in check_ctxlens_settings() if e.level >= 40] == []
 

@@ -246,6 +246,9 @@ class _Batch:
         if after is not None:
             attrs[sc.COMPRESSION_AFTER_MESSAGES] = _messages(after)
         _set(attrs, sc.COMPRESSION_SUMMARY, event.get("summary"))
+        if event.get("estimated_costs") is not None:
+            attrs[sc.COMPRESSION_ESTIMATED_COSTS] = _json(event["estimated_costs"])
+        _set(attrs, sc.COMPRESSION_SELECTION, event.get("selection"))
         record.status_code = STATUS_OK
 
     def add_skill_activation(self, event: dict[str, Any]) -> None:
@@ -264,6 +267,10 @@ class _Batch:
         if event.get("context_modifier") is not None:
             attrs[sc.SKILL_CONTEXT_MODIFIER] = _json(event["context_modifier"])
         _set(attrs, sc.SKILL_TOKENS, event.get("tokens"))
+        if event.get("resources"):
+            attrs[sc.SKILL_RESOURCES] = _json(event["resources"])
+        if event.get("messages"):
+            attrs[sc.SKILL_MESSAGES] = _json(event["messages"])
         _outcome(record, event)
 
 

@@ -207,8 +207,19 @@ class CompressionEventSerializer(EventSerializer):
     summarised = serializers.ListField(child=serializers.IntegerField(min_value=0), required=False,
                                        help_text="Indexes into before_messages folded into the summary.")
     summary = text()
+    estimated_costs = serializers.DictField(
+        child=serializers.FloatField(min_value=0), required=False,
+        help_text="Estimated USD of each strategy for this compression, e.g. {\"truncate\": 0, \"summarize\": 0.012}.",
+    )
+    selection = serializers.CharField(max_length=255, required=False, allow_blank=True,
+                                      help_text="Why this strategy: \"configured\" or the automatic choice's reason.")
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        unknown = sorted(set(attrs.get("estimated_costs", {})) - set(CompressionStrategy.values))
+        if unknown:
+            raise serializers.ValidationError(
+                {"estimated_costs": [f"Unknown strategies {unknown}; use {CompressionStrategy.values}."]}
+            )
         before = attrs.get("before_messages")
         if before is not None:
             for name in ("dropped", "summarised"):
@@ -218,6 +229,14 @@ class CompressionEventSerializer(EventSerializer):
                         {name: [f"Indexes {bad} are outside before_messages ({len(before)} messages)."]}
                     )
         return attrs
+
+
+class SkillMessageSerializer(serializers.Serializer):
+    kind = serializers.ChoiceField(choices=("metadata", "instruction", "permissions"))
+    visibility = serializers.ChoiceField(choices=("visible", "hidden"), default="visible")
+    resource = serializers.CharField(max_length=1000, required=False, allow_null=True)
+    tokens = count()
+    content = text()
 
 
 class SkillActivationEventSerializer(OutcomeFields, EventSerializer):
@@ -232,6 +251,10 @@ class SkillActivationEventSerializer(OutcomeFields, EventSerializer):
     depth = serializers.IntegerField(min_value=1, required=False)
     context_modifier = serializers.DictField(required=False)
     tokens = count()
+    resources = serializers.ListField(child=serializers.CharField(max_length=1000), required=False, max_length=200,
+                                      help_text="Level 3: the resource files loaded, paths inside the skill.")
+    messages = SkillMessageSerializer(many=True, required=False,
+                                      help_text="The messages the activation injected, with their visibility.")
 
 
 EVENT_SERIALIZERS: dict[str, type[EventSerializer]] = {

@@ -10,6 +10,7 @@ skill activation the span describes. Linking across spans (rounds, tool ↔ LLM 
 from __future__ import annotations
 
 import hashlib
+import math
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -27,6 +28,8 @@ from pipeline.ingest.normalise.payloads import (
 from pipeline.ingest.records import SpanRecord
 from pipeline.ingest.normalise.values import MAX_COUNT, first, first_bool, first_count, first_str, json_dict, parse_json, to_text
 from pipeline.tokens.counting import context_window
+
+STRATEGIES = ("truncate", "extract", "summarize")  # compression strategies a cost may be recorded for
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 STATUS_ERROR = 2
@@ -296,7 +299,19 @@ def compression_fields(record: SpanRecord) -> dict[str, Any]:
         "dropped": json_list(sc.COMPRESSION_DROPPED),
         "summarised": json_list(sc.COMPRESSION_SUMMARISED),
         "summary": first_str(attrs, sc.COMPRESSION_SUMMARY),
+        "estimated_costs": estimated_costs(attrs.get(sc.COMPRESSION_ESTIMATED_COSTS)),
+        "selection": first_str(attrs, sc.COMPRESSION_SELECTION)[:255],
     }
+
+
+def estimated_costs(value: Any) -> dict[str, float]:
+    """{strategy: estimated USD}: the known strategies with a finite, non-negative number; the rest is dropped."""
+    costs: dict[str, float] = {}
+    for strategy, cost in json_dict(value).items():
+        if strategy in STRATEGIES and isinstance(cost, int | float) and not isinstance(cost, bool) \
+                and math.isfinite(cost) and cost >= 0:
+            costs[strategy] = float(cost)
+    return costs
 
 
 def skill_fields(record: SpanRecord) -> dict[str, Any]:
@@ -311,7 +326,38 @@ def skill_fields(record: SpanRecord) -> dict[str, Any]:
         "depth": max(1, first_count(attrs, sc.SKILL_DEPTH) or len(chain) or 1),
         "context_modifier": json_dict(attrs.get(sc.SKILL_CONTEXT_MODIFIER)),
         "tokens": first_count(attrs, sc.SKILL_TOKENS) or 0,
+        "resources": skill_resources(attrs),
+        "messages": skill_messages(attrs.get(sc.SKILL_MESSAGES)),
     }
+
+
+def skill_resources(attrs: dict[str, Any]) -> list[str]:
+    """The resource files an activation loaded: SKILL_RESOURCES, else the one SKILL_RESOURCE."""
+    listed = parse_json(attrs.get(sc.SKILL_RESOURCES))
+    names = listed if isinstance(listed, list | tuple) else [first_str(attrs, sc.SKILL_RESOURCE)]
+    return [str(n)[:1000] for n in names if isinstance(n, str) and n][:200]
+
+
+SKILL_MESSAGE_KINDS = ("metadata", "instruction", "permissions")
+
+
+def skill_messages(value: Any) -> list[dict[str, Any]]:
+    """The messages an activation injected, each {kind, visibility, resource, tokens, content}; other shapes are dropped."""
+    parsed = parse_json(value)
+    out: list[dict[str, Any]] = []
+    for item in parsed if isinstance(parsed, list | tuple) else ():
+        if not isinstance(item, dict) or item.get("kind") not in SKILL_MESSAGE_KINDS:
+            continue
+        tokens = item.get("tokens")
+        resource = item.get("resource")
+        out.append({
+            "kind": item["kind"],
+            "visibility": "hidden" if item.get("visibility") == "hidden" else "visible",
+            "resource": resource[:1000] if isinstance(resource, str) and resource else None,
+            "tokens": tokens if isinstance(tokens, int) and not isinstance(tokens, bool) and 0 <= tokens <= MAX_COUNT else None,
+            "content": to_text(item.get("content", "")),
+        })
+    return out
 
 
 def normalise(record: SpanRecord) -> NormalisedSpan:

@@ -5,7 +5,14 @@ activation, pop at the end of the turn), nested activation (a skill's `requires`
 activating a skill while another is active) with a depth limit of 3 and cycle detection whose
 error names the whole path (a → b → a), the active skills' ContextModifiers narrowed together,
 and the skill messages waiting to be injected into the conversation. `tools()` gives the model
-its two skill tools: `activate_skill` (level 2) and `read_skill_resource` (level 3).
+its two skill tools: `activate_skill` (at the load level the request asks for, 2 by default) and
+`read_skill_resource` (one level-3 file).
+
+Load levels, per request as the seeds' SkillActivationRequest has them (nested activations
+inherit the level of the request that caused them):
+1. metadata only: the front matter (name, description, allowed tools, model), one visible message;
+2. the full instructions (SKILL.md body) too, hidden from the user's transcript;
+3. every resource file (scripts/, references/, assets/) as well, each one hidden message.
 """
 
 from __future__ import annotations
@@ -34,6 +41,9 @@ from pipeline.tokens.counting import count_tokens
 MAX_DEPTH = 3
 
 
+LEVELS = (1, 2, 3)
+
+
 @dataclass(frozen=True)
 class SkillMessage:
     """A message a skill injects: metadata (visible), its instructions and permissions (hidden)."""
@@ -42,11 +52,19 @@ class SkillMessage:
     kind: Literal["metadata", "instruction", "permissions"]
     content: str
     visible: bool
+    resource: str | None = None  # level 3: the file this message carries
 
     def to_message(self) -> HumanMessage:
         # Hidden messages still go to the model; `visible` is for a UI that shows the transcript.
         marker = {"category": "skills", "skill": self.skill, "kind": self.kind, "visible": self.visible}
+        if self.resource:
+            marker["resource"] = self.resource
         return HumanMessage(content=self.content, additional_kwargs={"ctxlens": marker})
+
+    def describe(self, tokens: int) -> dict[str, object]:
+        """What the timeline shows of it: kind, visibility, the resource it carries, tokens, text."""
+        return {"kind": self.kind, "visibility": "visible" if self.visible else "hidden",
+                "resource": self.resource, "tokens": tokens, "content": self.content}
 
 
 @dataclass
@@ -59,7 +77,9 @@ class SkillActivation:
     modifier: ContextModifier
     messages: list[SkillMessage] = field(default_factory=list)
     tokens: int = 0
-    resource: str | None = None
+    resource: str | None = None  # read_skill_resource: the one file read
+    resources: list[str] = field(default_factory=list)  # level 3: every resource file loaded
+    message_tokens: list[int] = field(default_factory=list)  # of each of `messages`
     error: str | None = None
     started_ns: int = 0
     ended_ns: int = 0
@@ -67,6 +87,9 @@ class SkillActivation:
     @property
     def depth(self) -> int:
         return len(self.chain)
+
+    def described_messages(self) -> list[dict[str, object]]:
+        return [m.describe(t) for m, t in zip(self.messages, self.message_tokens, strict=False)]
 
 
 class SkillActivationStack:
@@ -117,20 +140,22 @@ class SkillSession:
         self._events: list[SkillActivation] = []
         self._pending: list[SkillMessage] = []
 
-    def activate(self, name: str, *, by_model: bool = True) -> list[SkillActivation]:
-        """Activate a skill at level 2, nested under whatever is active, then its `requires`.
+    def activate(self, name: str, *, level: int = 2, by_model: bool = True) -> list[SkillActivation]:
+        """Activate a skill at `level` (1-3), nested under whatever is active, then its `requires`.
 
         All or nothing: on a cycle or a too-deep chain, everything this call pushed is popped
         and a SkillError naming the full path is raised (and recorded as a failed activation).
         """
+        if level not in LEVELS:
+            raise SkillError(f"load level must be 1, 2 or 3, not {level!r}")
         skill = self.registry.get(name)
         if by_model and skill.metadata.disable_model_invocation:
             raise SkillError(f"skill {name} cannot be activated by the model")
         pushed: list[SkillActivation] = []
         try:
-            self._activate(skill, pushed)
+            self._activate(skill, pushed, level)
         except SkillError as exc:
-            failed = SkillActivation(name, 2, [*self.stack.chain], self.modifier or ContextModifier(), error=str(exc))
+            failed = SkillActivation(name, level, [*self.stack.chain], self.modifier or ContextModifier(), error=str(exc))
             failed.started_ns = failed.ended_ns = time.time_ns()
             for activation in reversed(pushed):
                 self.stack.pop(activation.skill)
@@ -142,28 +167,43 @@ class SkillSession:
             self._pending.extend(activation.messages)
         return pushed
 
-    def _activate(self, skill: Skill, pushed: list[SkillActivation]) -> None:
+    def _activate(self, skill: Skill, pushed: list[SkillActivation], level: int) -> None:
         started = time.time_ns()
         chain = self.stack.push(skill.name)
-        activation = SkillActivation(skill.name, 2, chain, skill.metadata.context_modifier(), started_ns=started)
+        activation = SkillActivation(skill.name, level, chain, skill.metadata.context_modifier(), started_ns=started)
         pushed.append(activation)
-        activation.messages = self._messages(skill, chain)
-        activation.tokens = sum(count_tokens(m.content, self.model) for m in activation.messages)
+        activation.messages = self._messages(skill, chain, level)
+        activation.resources = [m.resource for m in activation.messages if m.resource]
+        activation.message_tokens = [count_tokens(m.content, self.model) for m in activation.messages]
+        activation.tokens = sum(activation.message_tokens)
         activation.ended_ns = time.time_ns()
         for required in skill.metadata.requires:
-            self._activate(self.registry.get(required), pushed)
+            self._activate(self.registry.get(required), pushed, level)
 
-    def _messages(self, skill: Skill, chain: list[str]) -> list[SkillMessage]:
+    def _messages(self, skill: Skill, chain: list[str], level: int = 2) -> list[SkillMessage]:
         via = f" (via {' → '.join(chain)})" if len(chain) > 1 else ""
+        mod = skill.metadata
+        if level == 1:
+            about = [f'The "{skill.name}" skill is active{via}: {mod.description}']
+            if mod.allowed_tools is not None:
+                about.append("Allowed tools: " + (", ".join(sorted(mod.allowed_tools)) or "none") + ".")
+            if mod.model:
+                about.append(f"Model: {mod.model}.")
+            return [SkillMessage(skill.name, "metadata", " ".join(about), True)]
         resources = skill.resources()
         body = skill.instructions()
-        if resources:
+        if resources and level == 2:
             body += f"\n\nResources on demand with {RESOURCE_TOOL}: " + ", ".join(resources)
         messages = [
             SkillMessage(skill.name, "metadata", f'The "{skill.name}" skill is loading{via}.', True),
             SkillMessage(skill.name, "instruction", f"Instructions of skill {skill.name}:\n\n{body}", False),
         ]
-        mod = skill.metadata
+        if level == 3:
+            messages += [
+                SkillMessage(skill.name, "instruction", f"Resource {rel} of skill {skill.name}:\n\n"
+                             f"{skill.read_resource(rel)}", False, resource=rel)
+                for rel in resources
+            ]
         limits = []
         if mod.allowed_tools is not None:
             limits.append("tools limited to " + (", ".join(sorted(mod.allowed_tools)) or "none"))
@@ -213,16 +253,19 @@ class SkillSession:
         """The two tools the model uses: activate a skill (level 2) and read a resource (level 3)."""
         listing = self.registry.listing() or "(no skills installed)"
 
-        def activate_skill(name: str) -> str:
+        def activate_skill(name: str, level: int = 2) -> str:
+            """level: 1 = what the skill is, 2 = its full instructions, 3 = also every resource file."""
             try:
-                done = self.activate(name)
+                done = self.activate(name, level=level)
             except SkillNotFound as exc:
                 raise ToolError(ToolErrorType.NOT_FOUND, str(exc), code="SKILL_NOT_FOUND") from None
             except SkillError as exc:
                 raise ToolError(ToolErrorType.INVALID_INPUT, str(exc), code="SKILL_ACTIVATION_FAILED") from None
             names = " → ".join(done[0].chain)
             extra = f" (also loaded: {', '.join(a.skill for a in done[1:])})" if len(done) > 1 else ""
-            return f"Skill {name} activated; chain: {names}{extra}. Its instructions follow."
+            follows = {1: "Its description follows.", 2: "Its instructions follow.",
+                       3: "Its instructions and resources follow."}[level]
+            return f"Skill {name} activated at level {level}; chain: {names}{extra}. {follows}"
 
         def read_skill_resource(skill: str, path: str) -> str:
             try:
@@ -237,7 +280,8 @@ class SkillSession:
             StructuredTool.from_function(
                 activate_skill,
                 name=ACTIVATE_TOOL,
-                description="Load a skill's full instructions when the task matches it. Skills:\n" + listing,
+                description="Load a skill when the task matches it: level 1 says what it is, 2 (the default) "
+                            "gives its full instructions, 3 also every resource file. Skills:\n" + listing,
             ),
             StructuredTool.from_function(
                 read_skill_resource,

@@ -244,6 +244,8 @@ class Telemetry:
                 sc.COMPRESSION_SUMMARISED: _json(result.summarised),
                 sc.COMPRESSION_CONTEXT_WINDOW: result.usage_before.window,
                 sc.COMPRESSION_SUMMARY_STATUS: result.summary_status,
+                sc.COMPRESSION_ESTIMATED_COSTS: _json(result.estimated_costs),
+                sc.COMPRESSION_SELECTION: result.selection,
             })
             if self.capture_content:
                 span.set_attributes({
@@ -254,7 +256,8 @@ class Telemetry:
         span.end(end_time=result.ended_ns or None)
 
     def record_skill(self, activation: SkillActivation, *, conversation_id: str) -> None:
-        """An `activate_skill` span for one activation (level 2) or resource load (level 3)."""
+        """An `activate_skill` span for one activation (at its load level) or resource load (level 3):
+        the resource files, the context modifier, and the injected messages with their visibility."""
         span = self.tracer.start_span(
             f"activate_skill {activation.skill}", kind=SpanKind.INTERNAL, start_time=activation.started_ns or None
         )
@@ -271,6 +274,17 @@ class Telemetry:
             })
             if activation.resource:
                 span.set_attribute(sc.SKILL_RESOURCE, activation.resource)
+            resources = activation.resources or ([activation.resource] if activation.resource else [])
+            if resources:
+                span.set_attribute(sc.SKILL_RESOURCES, _json(resources))
+            if activation.messages:
+                described = activation.described_messages()
+                for d in described:
+                    if self.capture_content:
+                        d["content"] = str(d["content"])[: self.max_chars]
+                    else:
+                        del d["content"]
+                span.set_attribute(sc.SKILL_MESSAGES, _json(described))
             if activation.error:
                 span.set_attribute("error.type", "skill_activation_failed")
                 span.set_status(Status(StatusCode.ERROR, activation.error))
