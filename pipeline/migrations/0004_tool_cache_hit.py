@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('pipeline', '0002_tokens_estimated'),
+        ('pipeline', '0003_tokens_approximate'),
     ]
 
     operations = [
