@@ -19,7 +19,7 @@ PUBLIC = {
     "login",  # the way in
     "logout",  # POST only, and harmless when logged out
     "healthz",  # for load balancers; says nothing about the data
-    "otlp-traces", "otlp-logs",  # API-key authenticated ingest (tests/test_otlp_errors.py)
+    "otlp-traces", "otlp-logs", "otlp-metrics",  # API-key authenticated ingest (tests/receivers/test_otlp_errors.py)
     "api:not-found",  # a JSON 404 for any unknown /api/ path
 }
 PLACEHOLDERS = {"pk": "1", "artifact_id": "artifact_" + "0" * 32}
