@@ -52,7 +52,7 @@ class ToolCallSerializer(serializers.ModelSerializer):
         model = ToolCall
         fields = [
             "id", "trace_id", "span_id", "llm_call", "tool_name", "tool_call_id", "arguments", "observation",
-            "observation_tokens", "tokens_estimated", "output_level", "success", *TIMING, "error_code",
+            "observation_tokens", "input_tokens", "tokens_estimated", "output_level", "success", *TIMING, "error_code",
             "retry_count", "artifact_id",
         ]
 

@@ -78,6 +78,7 @@ class ToolCall(SpanRecordMixin):
     arguments = models.JSONField(default=dict, blank=True)
     observation = models.TextField(blank=True)
     observation_tokens = models.IntegerField(default=0)
+    input_tokens = models.IntegerField(default=0)  # the arguments' tokens, when the span says (tool.input_tokens)
     output_level = models.CharField(max_length=16, blank=True)
     success = models.BooleanField(default=True)
     error_code = models.CharField(max_length=64, blank=True)
