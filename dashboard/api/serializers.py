@@ -47,13 +47,16 @@ class LLMCallSerializer(serializers.ModelSerializer):
 
 class ToolCallSerializer(serializers.ModelSerializer):
     artifact_id = serializers.SlugRelatedField(source="artifact", slug_field="artifact_id", read_only=True)
+    error_class = serializers.CharField(
+        read_only=True, help_text="The error type's class: retryable, permanent or needs_human; empty when unknown."
+    )
 
     class Meta:
         model = ToolCall
         fields = [
             "id", "trace_id", "span_id", "llm_call", "tool_name", "tool_call_id", "arguments", "observation",
-            "observation_tokens", "input_tokens", "tokens_estimated", "output_level", "success", *TIMING, "error_code",
-            "retry_count", "artifact_id",
+            "observation_tokens", "input_tokens", "tokens_estimated", "output_level", "success", *TIMING, "error_class",
+            "error_code", "retry_count", "artifact_id",
         ]
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from django.db import models
 
 from pipeline.models.conversations import Conversation, Round
+from pipeline.runtime.protocol import ToolErrorType
 
 
 class SpanRecordMixin(models.Model):
@@ -102,3 +103,9 @@ class ToolCall(SpanRecordMixin):
 
     def __str__(self) -> str:
         return f"{self.tool_name} {self.tool_call_id or self.span_id}"
+
+    @property
+    def error_class(self) -> str:
+        """retryable | permanent | needs_human for a known error type (old names too), else ""."""
+        error_type = ToolErrorType.parse(self.error_type)
+        return error_type.error_class.value if error_type else ""

@@ -26,6 +26,7 @@ from pipeline.ingest.normalise.payloads import (
     turn_output,
 )
 from pipeline.ingest.records import SpanRecord
+from pipeline.runtime.protocol import canonical_error_type
 from pipeline.ingest.normalise.values import MAX_COUNT, first, first_count, first_str, json_dict, parse_json, to_text
 from pipeline.tokens.counting import context_window
 
@@ -367,6 +368,7 @@ def normalise(record: SpanRecord) -> NormalisedSpan:
         span.llm = llm_fields(record)
     elif kind == TOOL:
         span.tool = tool_fields(record)
+        span.error_type = canonical_error_type(span.error_type)  # ctxlens's earlier names → the documents'
         measured = _duration_ms(attrs.get(sc.SEED_TOOL_DURATION_MS))
         if measured is not None:  # the tool's own measure (the design documents' ToolMetrics.duration_ms)
             span.duration_ms = measured
