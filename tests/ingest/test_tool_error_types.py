@@ -1,11 +1,15 @@
 """Tool error types through OTLP to a live uvicorn: the design documents' names are kept, the
-names older ctxlens agents sent are read as those names, and each failure shows its class
-(retryable, permanent, needs a person) in the read API and on the conversation page."""
+names older ctxlens agents sent (or an older ctxlens stored) are read as those names, and each
+failure shows its class (retryable, permanent, needs a person) in the read API and on the
+conversation page."""
 
 from __future__ import annotations
 
 import pytest
+from django.db import connection
+from django.db.migrations.executor import MigrationExecutor
 from django.urls import reverse
+from django.utils import timezone
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -69,3 +73,26 @@ def test_the_conversation_page_says_which_failures_need_a_person(otlp_server, cl
     assert page.count("(needs a person)") == 2
     assert page.count("(retryable)") == 2 and page.count("(permanent)") == 2
     assert "<code>internal_error</code>" in page and "<code>internal</code>" not in page
+
+
+def test_the_migration_renames_rows_stored_under_earlier_names(transactional_db):
+    """Rows an earlier ctxlens stored as rate_limited or internal group with the new ones."""
+    before = [("pipeline", "0002_tokens_estimated")]
+    executor = MigrationExecutor(connection)
+    latest = executor.loader.graph.leaf_nodes()
+    executor.migrate(before)
+    old = executor.loader.project_state(before).apps
+    now = timezone.now()
+    conversation = old.get_model("pipeline", "Conversation").objects.create(
+        external_id="stored-earlier", started_at=now, last_activity_at=now)
+    for n, error_type in enumerate(("rate_limited", "internal", "ValueError", "")):
+        old.get_model("pipeline", "ToolCall").objects.create(
+            conversation=conversation, trace_id="a" * 32, span_id=f"{n:016x}", started_at=now,
+            tool_name=f"tool{n}", error_type=error_type, success=not error_type)
+
+    executor = MigrationExecutor(connection)
+    executor.migrate(latest)
+
+    stored = dict(ToolCall.objects.values_list("tool_name", "error_type"))
+    assert stored == {"tool0": "rate_limit", "tool1": "internal_error", "tool2": "ValueError", "tool3": ""}
+    assert ToolCall.objects.get(tool_name="tool1").error_class == "needs_human"
