@@ -5,7 +5,7 @@ from __future__ import annotations
 from django.db import models
 
 from pipeline.models.conversations import Conversation, Round
-from pipeline.runtime.protocol import ToolErrorType
+from pipeline.runtime.errors import ToolErrorType
 
 
 class SpanRecordMixin(models.Model):

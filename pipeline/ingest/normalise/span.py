@@ -26,7 +26,7 @@ from pipeline.ingest.normalise.payloads import (
     turn_output,
 )
 from pipeline.ingest.records import SpanRecord
-from pipeline.runtime.protocol import canonical_error_type
+from pipeline.runtime.errors import canonical_error_type
 from pipeline.ingest.normalise.values import MAX_COUNT, first, first_count, first_str, json_dict, parse_json, to_text
 from pipeline.tokens.counting import context_window
 
