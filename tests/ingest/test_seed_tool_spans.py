@@ -92,14 +92,12 @@ def test_a_successful_seed_tool_span_is_a_tool_call_with_its_measured_duration(o
 
 
 def test_a_failed_seed_tool_span_takes_its_name_from_the_span_name(otlp_server):
-    wrapped_ok = None
     with seed_tracer(otlp_server) as (tracer, _):
         wrapped = execute_with_observability(query_sales, "query_sales", tracer)
         with pytest.raises(ValueError):
             wrapped("Q5")
-        wrapped_ok = wrapped("Q1")
+        wrapped("Q1")
 
-    assert wrapped_ok == "Q1 revenue: 1.2M"
     failed = ToolCall.objects.get(success=False)
     assert (failed.tool_name, failed.status) == ("query_sales", "error")
     assert failed.error_message == "unknown quarter 'Q5'"  # tool.error, not the status's "ValueError: ..."
