@@ -6,6 +6,7 @@ from django.conf import settings
 from django.core.checks import Error, Warning, register
 
 SAMPLING_CHOICES = ("always", "high", "medium", "low", "never")
+SAMPLING_SCOPE_CHOICES = ("turn", "tool_call")
 OTLP_COMPRESSION_CHOICES = ("gzip", "deflate", "none")
 OUTPUT_LEVEL_CHOICES = ("brief", "standard", "full")
 
@@ -28,6 +29,10 @@ def check_ctxlens_settings(app_configs: object = None, **kwargs: object) -> list
     if settings.CTXLENS_SAMPLING not in SAMPLING_CHOICES:
         errors.append(
             Error(f"CTXLENS_SAMPLING must be one of {', '.join(SAMPLING_CHOICES)}.", id="pipeline.E007")
+        )
+    if settings.CTXLENS_SAMPLING_SCOPE not in SAMPLING_SCOPE_CHOICES:
+        errors.append(
+            Error(f"CTXLENS_SAMPLING_SCOPE must be one of {', '.join(SAMPLING_SCOPE_CHOICES)}.", id="pipeline.E070")
         )
     if settings.CTXLENS_OTLP_COMPRESSION not in OTLP_COMPRESSION_CHOICES:
         errors.append(

@@ -39,6 +39,7 @@ class CtxlensConfig:
     otlp_grpc_port: int
     token_encoders_file: Path
     sampling: str
+    sampling_scope: str
     otlp_endpoint: str
     otlp_headers: str
     otlp_compression: str
@@ -75,6 +76,7 @@ def ctxlens_config() -> CtxlensConfig:
         otlp_grpc_port=settings.CTXLENS_OTLP_GRPC_PORT,
         token_encoders_file=Path(settings.CTXLENS_TOKEN_ENCODERS_FILE),
         sampling=settings.CTXLENS_SAMPLING,
+        sampling_scope=settings.CTXLENS_SAMPLING_SCOPE,
         otlp_endpoint=settings.CTXLENS_OTLP_ENDPOINT,
         otlp_headers=settings.CTXLENS_OTLP_HEADERS,
         otlp_compression=settings.CTXLENS_OTLP_COMPRESSION,

@@ -59,6 +59,23 @@ TOOL_ERROR_CODE = "ctxlens.tool.error_code"
 TOOL_OBSERVATION_TOKENS = "ctxlens.tool.observation_tokens"
 TOOL_CACHE_HIT = "ctxlens.tool.cache_hit"  # bool: answered from the tool-result cache, the tool did not run
 
+# The design documents' own tool spans (their observability wrapper): named `tool.<name>`; on
+# success tool.name, tool.success=true and tool.duration_ms; on failure only tool.success=false,
+# tool.error and a recorded exception, so the name comes from the span name. Their ToolMetrics
+# fields, when an agent puts them on the span, are tool.* too. ctxlens reads them all; the
+# ctxlens.tool.* names above win where both are present.
+SEED_TOOL_SPAN_PREFIX = "tool."
+SEED_TOOL_NAME = "tool.name"  # also OpenInference's
+SEED_TOOL_SUCCESS = "tool.success"
+SEED_TOOL_ERROR = "tool.error"  # the error message
+SEED_TOOL_DURATION_MS = "tool.duration_ms"
+SEED_TOOL_ERROR_TYPE = "tool.error_type"
+SEED_TOOL_ERROR_CODE = "tool.error_code"
+SEED_TOOL_RETRY_COUNT = "tool.retry_count"
+SEED_TOOL_OUTPUT_LEVEL = "tool.output_level"  # BRIEF | STANDARD | FULL, any case
+SEED_TOOL_INPUT_TOKENS = "tool.input_tokens"  # the arguments' tokens
+SEED_TOOL_OUTPUT_TOKENS = "tool.output_tokens"  # the result's tokens: the observation the model reads
+
 # On compress_context spans.
 COMPRESSION_STRATEGY = "ctxlens.compression.strategy"  # truncate | extract | summarize
 COMPRESSION_TOKENS_BEFORE = "ctxlens.compression.tokens_before"

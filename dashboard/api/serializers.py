@@ -56,13 +56,16 @@ class ToolCallSerializer(serializers.ModelSerializer):
     approximate = serializers.BooleanField(
         source="tokens_approximate", read_only=True,
         help_text="observation_tokens counted with a tokenizer that only approximates the model's")
+    error_class = serializers.CharField(
+        read_only=True, help_text="The error type's class: retryable, permanent or needs_human; empty when unknown."
+    )
 
     class Meta:
         model = ToolCall
         fields = [
             "id", "trace_id", "span_id", "llm_call", "tool_name", "tool_call_id", "arguments", "observation",
-            "observation_tokens", "tokens_estimated", "output_level", "success", *TIMING, "error_code",
-            "retry_count", "cache_hit", "artifact_id", "approximate",
+            "observation_tokens", "input_tokens", "tokens_estimated", "output_level", "success", *TIMING, "error_class",
+            "error_code", "retry_count", "cache_hit", "artifact_id", "approximate",
         ]
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from django.db import models
 
 from pipeline.models.conversations import Conversation, Round
+from pipeline.runtime.errors import ToolErrorType
 
 
 class SpanRecordMixin(models.Model):
@@ -80,6 +81,7 @@ class ToolCall(SpanRecordMixin):
     arguments = models.JSONField(default=dict, blank=True)
     observation = models.TextField(blank=True)
     observation_tokens = models.IntegerField(default=0)
+    input_tokens = models.IntegerField(default=0)  # the arguments' tokens, when the span says (tool.input_tokens)
     output_level = models.CharField(max_length=16, blank=True)
     success = models.BooleanField(default=True)
     error_code = models.CharField(max_length=64, blank=True)
@@ -105,3 +107,9 @@ class ToolCall(SpanRecordMixin):
 
     def __str__(self) -> str:
         return f"{self.tool_name} {self.tool_call_id or self.span_id}"
+
+    @property
+    def error_class(self) -> str:
+        """retryable | permanent | needs_human for a known error type (old names too), else ""."""
+        error_type = ToolErrorType.parse(self.error_type)
+        return error_type.error_class.value if error_type else ""

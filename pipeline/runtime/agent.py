@@ -40,6 +40,7 @@ from pipeline.runtime.protocol import (
     ContextModifier,
     ExecutionContext,
     OutputLevel,
+    ToolErrorType,
     ToolExecutionResult,
     format_error_observation,
 )
@@ -355,7 +356,7 @@ class Agent:
         if not bad.get("id"):
             return
         round_.tool_call_ids.append(bad["id"])
-        text = format_error_observation(bad["id"], "invalid_input", "INVALID_ARGUMENTS", bad.get("error") or "arguments are not valid JSON")
+        text = format_error_observation(bad["id"], ToolErrorType.INVALID_PARAMETERS, "INVALID_ARGUMENTS", bad.get("error") or "arguments are not valid JSON")
         self.messages.append(ToolMessage(content=text, tool_call_id=bad["id"], name=bad.get("name") or None, status="error"))
 
 

@@ -10,7 +10,8 @@ Five orthogonal concepts from the design documents meet here:
 Public API (used by the executor, skills and the agent loop):
 - `OutputLevel` (with `format_observation(data, level)` and `effective_level(explicit, tool,
   usage)` in pipeline.runtime.observations)
-- `ToolErrorType` (`.is_retryable`), `ToolError` (raise it from a tool to classify a failure),
+- `ToolErrorType` (`.error_class`: retryable / permanent / needs a person; from
+  pipeline.runtime.errors), `ToolError` (raise it from a tool to classify a failure),
   `classify_exception(exc)`, `format_error_observation(...)`
 - `CachePolicy` (`.ttl_seconds`), `ToolInvocationRequest.from_tool_call(tool_call, ...)`,
   `ToolInvocationRequest.idempotency_key`
@@ -29,51 +30,13 @@ from typing import Any
 
 from langchain_core.messages import ToolMessage
 
+# The error taxonomy lives in pipeline.runtime.errors (no LangChain there, for the server); re-exported.
+from pipeline.runtime.errors import LEGACY_ERROR_TYPES, ToolErrorClass, ToolErrorType, canonical_error_type  # noqa: F401
 from pipeline.runtime.observations import OutputLevel
 
 
-class ToolErrorType(str, Enum):
-    """Why a tool call failed. Retryable errors may succeed on another attempt; permanent ones will not."""
-
-    TIMEOUT = "timeout"
-    RATE_LIMITED = "rate_limited"
-    NETWORK = "network"
-    TRANSIENT = "transient"
-    RESOURCE_UNAVAILABLE = "resource_unavailable"
-    INVALID_INPUT = "invalid_input"
-    PERMISSION_DENIED = "permission_denied"
-    NOT_FOUND = "not_found"
-    INPUT_TOO_LARGE = "input_too_large"
-    EXECUTION_ERROR = "execution_error"
-    INTERNAL = "internal"
-
-    @property
-    def is_retryable(self) -> bool:
-        return self in _RETRYABLE
-
-    @property
-    def is_permanent(self) -> bool:
-        return not self.is_retryable
-
-    @property
-    def code(self) -> str:
-        """The default error code: the type's name, e.g. RATE_LIMITED."""
-        return self.name
-
-
-_RETRYABLE = frozenset(
-    {
-        ToolErrorType.TIMEOUT,
-        ToolErrorType.RATE_LIMITED,
-        ToolErrorType.NETWORK,
-        ToolErrorType.TRANSIENT,
-        ToolErrorType.RESOURCE_UNAVAILABLE,
-    }
-)
-
-
 class ToolError(Exception):
-    """Raise from a tool to say why it failed: `raise ToolError(ToolErrorType.RATE_LIMITED, "slow down")`."""
+    """Raise from a tool to say why it failed: `raise ToolError(ToolErrorType.RATE_LIMIT, "slow down")`."""
 
     def __init__(self, error_type: ToolErrorType | str, message: str, code: str | None = None) -> None:
         super().__init__(message)
@@ -99,7 +62,7 @@ def classify_exception(exc: BaseException) -> ToolErrorType:
     if isinstance(exc, FileNotFoundError | LookupError):
         return ToolErrorType.NOT_FOUND
     if isinstance(exc, ValueError | TypeError):  # includes pydantic's ValidationError
-        return ToolErrorType.INVALID_INPUT
+        return ToolErrorType.INVALID_PARAMETERS
     return ToolErrorType.EXECUTION_ERROR
 
 

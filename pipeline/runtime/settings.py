@@ -33,6 +33,7 @@ class RuntimeSettings:
     compression_threshold: float = 0.8
     token_encoders_file: Path = Path("config/token_encoders.yaml")
     sampling: str = "always"
+    sampling_scope: str = "turn"  # turn | tool_call
     otlp_endpoint: str = ""
     otlp_headers: str = ""  # k1=v1,k2=v2, values percent-decoded (OTEL_EXPORTER_OTLP_HEADERS format)
     otlp_compression: str = "gzip"
@@ -62,6 +63,7 @@ class RuntimeSettings:
             compression_threshold=env_float("CTXLENS_COMPRESSION_THRESHOLD", defaults.compression_threshold),
             token_encoders_file=Path(env_str("CTXLENS_TOKEN_ENCODERS_FILE", str(defaults.token_encoders_file))).resolve(),
             sampling=env_str("CTXLENS_SAMPLING", defaults.sampling),
+            sampling_scope=env_str("CTXLENS_SAMPLING_SCOPE", defaults.sampling_scope),
             otlp_endpoint=env_str("CTXLENS_OTLP_ENDPOINT"),
             otlp_headers=env_str("CTXLENS_OTLP_HEADERS"),
             otlp_compression=env_str("CTXLENS_OTLP_COMPRESSION", defaults.otlp_compression),

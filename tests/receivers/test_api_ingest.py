@@ -212,6 +212,25 @@ def test_a_tool_call_naming_an_artifact_is_linked_to_it(api, artifact_dir):
     assert (tool.artifact, artifact.conversation) == (artifact, tool.conversation)
 
 
+def test_a_tool_call_keeps_its_argument_tokens(api):
+    event = {"type": "tool_call", "conversation_id": "c1", "round_id": "r1", "call_id": "t1", "tool_name": "fetch",
+             "started_at": "2026-05-01T12:00:00Z", "duration_ms": 30, "input_tokens": 14, "observation_tokens": 90}
+
+    assert api.post(URL, payload(event), format="json").status_code == 200
+
+    assert ToolCall.objects.values_list("input_tokens", "observation_tokens").get() == (14, 90)
+
+
+def test_a_failed_tool_call_with_an_earlier_error_type_name_is_stored_under_the_documents_name(api):
+    event = {"type": "tool_call", "conversation_id": "c1", "round_id": "r1", "call_id": "t1", "tool_name": "fetch",
+             "started_at": "2026-05-01T12:00:00Z", "duration_ms": 30, "status": "error",
+             "error_type": "resource_unavailable", "error_message": "pool exhausted"}
+
+    assert api.post(URL, payload(event), format="json").status_code == 200
+
+    assert ToolCall.objects.get().error_type == "resource_error"
+
+
 def test_a_failed_tool_call_keeps_its_error(api):
     event = {"type": "tool_call", "conversation_id": "c1", "round_id": "r1", "call_id": "t1", "tool_name": "fetch",
              "started_at": "2026-05-01T12:00:00Z", "duration_ms": 3000, "status": "error",

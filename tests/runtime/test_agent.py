@@ -92,7 +92,7 @@ def test_a_failing_tool_becomes_an_error_observation_and_the_loop_goes_on():
     run = run_agent(model, [broken], [HumanMessage("go")])
     observation = run.messages[2]
     assert observation.status == "error"
-    assert "Error Type: invalid_input" in observation.content and "Error Code: BAD_X" in observation.content
+    assert "Error Type: invalid_parameters" in observation.content and "Error Code: BAD_X" in observation.content
     assert run.rounds[0].status == "ok" and not run.rounds[0].tool_results[0].success
 
 

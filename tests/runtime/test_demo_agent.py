@@ -34,7 +34,7 @@ def check_stored_demo(artifact_dir) -> None:
     assert tools.filter(tool_name="web_search", success=True, retry_count=2).exists()  # rate limited twice
     assert tools.filter(tool_name="web_search", success=False, error_type="timeout").exists()
     assert tools.filter(tool_name="web_search", success=False, error_type="permission_denied").exists()
-    assert tools.filter(tool_name="query_sales", success=False, error_type="invalid_input").exists()
+    assert tools.filter(tool_name="query_sales", success=False, error_type="invalid_parameters").exists()
 
     exported = tools.filter(tool_name="export_sales").exclude(artifact=None)
     assert exported.count() == 2

@@ -14,9 +14,11 @@ from pipeline.runtime.protocol import (
     ContextModifier,
     MissingToolCallId,
     ToolError,
+    ToolErrorClass,
     ToolErrorType,
     ToolExecutionResult,
     ToolInvocationRequest,
+    canonical_error_type,
     classify_exception,
     format_error_observation,
 )
@@ -175,17 +177,33 @@ def test_cache_policies_have_the_documented_ttls():
     assert ToolInvocationRequest(tool_call_id="c", tool_name="t", parameters={}).cache_policy is CachePolicy.NO_CACHE
 
 
-def test_error_types_split_into_retryable_and_permanent():
-    retryable = {t for t in ToolErrorType if t.is_retryable}
-    assert retryable == {
-        ToolErrorType.TIMEOUT,
-        ToolErrorType.RATE_LIMITED,
-        ToolErrorType.NETWORK,
-        ToolErrorType.TRANSIENT,
-        ToolErrorType.RESOURCE_UNAVAILABLE,
+def test_error_types_keep_the_design_documents_names_and_three_classes():
+    by_class = {c: {t.value for t in ToolErrorType if t.error_class is c} for c in ToolErrorClass}
+    assert by_class == {
+        ToolErrorClass.RETRYABLE: {"timeout", "rate_limit", "resource_error", "transient_error", "network"},
+        ToolErrorClass.PERMANENT: {"permission_denied", "invalid_parameters", "not_found", "validation_error",
+                                   "input_too_large"},
+        ToolErrorClass.NEEDS_HUMAN: {"execution_error", "internal_error", "dependency_error"},
     }
-    for permanent in ("invalid_input", "permission_denied", "not_found", "input_too_large", "internal"):
-        assert ToolErrorType(permanent).is_permanent
+    assert [t for t in ToolErrorType if t.is_retryable] == [t for t in ToolErrorType if t.error_class == "retryable"]
+    assert ToolErrorType.DEPENDENCY_ERROR.needs_human and not ToolErrorType.DEPENDENCY_ERROR.is_permanent
+
+
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [("rate_limited", "rate_limit"), ("transient", "transient_error"), ("resource_unavailable", "resource_error"),
+     ("invalid_input", "invalid_parameters"), ("internal", "internal_error")],
+)
+def test_earlier_error_type_names_still_read(old, new):
+    assert ToolErrorType(old).value == new
+    assert canonical_error_type(old) == new
+    cached = ToolExecutionResult.failure("call_1", "t", ToolErrorType.TIMEOUT, "x").to_dict() | {"error_type": old}
+    assert ToolExecutionResult.from_dict(cached).error_type.value == new
+
+
+def test_unknown_error_type_names_are_kept_as_they_are():
+    assert ToolErrorType.parse("ValueError") is None
+    assert canonical_error_type("ValueError") == "ValueError"
 
 
 @pytest.mark.parametrize(
@@ -196,7 +214,7 @@ def test_error_types_split_into_retryable_and_permanent():
         (ConnectionResetError(), ToolErrorType.NETWORK),
         (PermissionError(), ToolErrorType.PERMISSION_DENIED),
         (KeyError("x"), ToolErrorType.NOT_FOUND),
-        (ValueError("bad"), ToolErrorType.INVALID_INPUT),
+        (ValueError("bad"), ToolErrorType.INVALID_PARAMETERS),
         (RuntimeError("boom"), ToolErrorType.EXECUTION_ERROR),
     ],
 )
@@ -226,7 +244,7 @@ def test_failure_becomes_an_error_tool_message_with_the_standard_text():
     assert message.status == "error"
     assert message.tool_call_id == "call_def456"
     assert message.content == format_error_observation(
-        "call_def456", ToolErrorType.INVALID_INPUT, "INVALID_INPUT", "bad expression"
+        "call_def456", ToolErrorType.INVALID_PARAMETERS, "INVALID_PARAMETERS", "bad expression"
     )
 
 

@@ -179,7 +179,7 @@ def test_spans_follow_the_genai_conventions(settings):
     assert look[sc.TOOL_OUTPUT_LEVEL] == "standard" and look[sc.TOOL_RETRY_COUNT] == 0 and look[sc.TOOL_OBSERVATION_TOKENS] > 0
     flaky = next(s for s in tools if s.name == "execute_tool flaky")
     assert flaky.attributes[sc.TOOL_RETRY_COUNT] == 1
-    assert [e.attributes["error.type"] for e in flaky.events] == ["rate_limited"]
+    assert [e.attributes["error.type"] for e in flaky.events] == ["rate_limit"]
     nope = next(s for s in tools if s.name == "execute_tool nope")
     assert nope.status.status_code is StatusCode.ERROR
     assert nope.attributes[sc.TOOL_ERROR_TYPE] == "not_found" == nope.attributes["error.type"]

@@ -147,7 +147,7 @@ def test_retryable_errors_are_retried_three_times_then_reported():
     assert flaky.calls == 4
     assert result.retry_count == 3
     assert sleeps == [1.0, 1.5, 2.25]
-    assert (result.error_type, result.error_code) == (ToolErrorType.RATE_LIMITED, "RATE_LIMITED")
+    assert (result.error_type, result.error_code) == (ToolErrorType.RATE_LIMIT, "RATE_LIMIT")
     assert "Error Message: 429 from the API" in result.content
 
 

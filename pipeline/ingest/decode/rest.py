@@ -209,6 +209,7 @@ class _Batch:
             attrs["gen_ai.tool.call.result"] = observation if isinstance(observation, str) else _json(observation)
         for field, key in (
             ("observation_tokens", sc.TOOL_OBSERVATION_TOKENS),
+            ("input_tokens", sc.SEED_TOOL_INPUT_TOKENS),
             ("output_level", sc.TOOL_OUTPUT_LEVEL),
             ("retry_count", sc.TOOL_RETRY_COUNT),
             ("cache_hit", sc.TOOL_CACHE_HIT),

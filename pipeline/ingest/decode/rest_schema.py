@@ -175,6 +175,7 @@ class ToolCallEventSerializer(OutcomeFields, EventSerializer):
     arguments = serializers.JSONField(required=False, default=dict)
     observation = serializers.JSONField(required=False, help_text="What the model was shown (text or JSON).")
     observation_tokens = count()
+    input_tokens = count(help_text="The arguments' tokens.")
     output_level = serializers.ChoiceField(choices=("brief", "standard", "full"), required=False)
     retry_count = count()
     cache_hit = serializers.BooleanField(required=False, help_text="Answered from a tool-result cache: the tool did not run.")

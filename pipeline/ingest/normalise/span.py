@@ -27,6 +27,7 @@ from pipeline.ingest.normalise.payloads import (
 )
 from pipeline.ingest.records import SpanRecord
 from pipeline.ingest.normalise.values import MAX_COUNT, first, first_bool, first_count, first_str, json_dict, parse_json, to_text
+from pipeline.runtime.errors import canonical_error_type
 from pipeline.tokens.counting import context_window
 
 STRATEGIES = ("truncate", "extract", "summarize")  # compression strategies a cost may be recorded for
@@ -125,6 +126,8 @@ def span_kind(record: SpanRecord) -> str:
     name = record.name
     if name.startswith("execute_tool ") or name.endswith(".tool"):
         return TOOL
+    if name.startswith(sc.SEED_TOOL_SPAN_PREFIX) or sc.SEED_TOOL_SUCCESS in attrs:  # the design documents' wrapper
+        return TOOL
     if name.endswith((".workflow", ".task")):
         return CHAIN
     if name.endswith((".chat", ".completion")) or first(attrs, *MODEL_KEYS, "gen_ai.system"):
@@ -148,17 +151,35 @@ def conversation_key(attrs: dict[str, Any]) -> str:
 
 
 def _error(record: SpanRecord) -> tuple[str, str, str]:
-    """(status, error_type, error_message) from span status, error.type, exception events."""
+    """(status, error_type, error_message) from span status, error.type, tool.success/tool.error, exception events."""
     attrs = record.attributes
-    error_type = first_str(attrs, sc.TOOL_ERROR_TYPE, "error.type")
-    message = record.status_message
-    failed = record.status_code == STATUS_ERROR or bool(error_type) or attrs.get("gen_ai.task.status") == "failure"
+    error_type = first_str(attrs, sc.TOOL_ERROR_TYPE, sc.SEED_TOOL_ERROR_TYPE, "error.type")
+    message = first_str(attrs, sc.SEED_TOOL_ERROR) or record.status_message
+    failed = (
+        record.status_code == STATUS_ERROR or bool(error_type) or attrs.get("gen_ai.task.status") == "failure"
+        or _is_false(attrs.get(sc.SEED_TOOL_SUCCESS))
+    )
     for event in record.events:
         if event.name == "exception":
             failed = True
             error_type = error_type or first_str(event.attributes, "exception.type")
             message = message or first_str(event.attributes, "exception.message")
     return ("error" if failed else "ok"), error_type[:255], message
+
+
+def _is_false(value: Any) -> bool:
+    return value is False or (isinstance(value, str) and value.strip().lower() == "false")
+
+
+def _duration_ms(value: Any) -> float | None:
+    """A duration in milliseconds the span states, or None when absent, negative or not a number."""
+    if value is None or isinstance(value, bool):
+        return None
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return number if math.isfinite(number) and number >= 0 else None
 
 
 def model_of(attrs: dict[str, Any]) -> tuple[str, str, str]:
@@ -254,22 +275,23 @@ def llm_fields(record: SpanRecord) -> dict[str, Any]:
 
 def tool_fields(record: SpanRecord) -> dict[str, Any]:
     attrs = record.attributes
-    name = first_str(attrs, "gen_ai.tool.name", "tool.name")
+    name = first_str(attrs, "gen_ai.tool.name", sc.SEED_TOOL_NAME)
     if not name and attrs.get("traceloop.span.kind") == "tool":
         name = first_str(attrs, "traceloop.entity.name")
-    if not name:
-        name = record.name.removeprefix("execute_tool ").removesuffix(".tool")
+    if not name:  # `execute_tool x` (GenAI), `x.tool` (OpenLLMetry), `tool.x` (the design documents)
+        name = record.name.removeprefix("execute_tool ").removesuffix(".tool").removeprefix(sc.SEED_TOOL_SPAN_PREFIX)
     observation = tool_observation(attrs)
-    observation_tokens = first_count(attrs, sc.TOOL_OBSERVATION_TOKENS)
+    observation_tokens = first_count(attrs, sc.TOOL_OBSERVATION_TOKENS, sc.SEED_TOOL_OUTPUT_TOKENS)
     return {
         "tool_name": name[:255],
         "tool_call_id": tool_call_id_from_payloads(attrs)[:255],
         "arguments": tool_arguments(attrs),
         "observation": observation,
         "observation_tokens": observation_tokens or 0,
-        "output_level": first_str(attrs, sc.TOOL_OUTPUT_LEVEL)[:16],
-        "error_code": first_str(attrs, sc.TOOL_ERROR_CODE)[:64],
-        "retry_count": max(0, first_count(attrs, sc.TOOL_RETRY_COUNT) or 0),
+        "input_tokens": first_count(attrs, sc.SEED_TOOL_INPUT_TOKENS) or 0,
+        "output_level": first_str(attrs, sc.TOOL_OUTPUT_LEVEL, sc.SEED_TOOL_OUTPUT_LEVEL).lower()[:16],
+        "error_code": first_str(attrs, sc.TOOL_ERROR_CODE, sc.SEED_TOOL_ERROR_CODE)[:64],
+        "retry_count": max(0, first_count(attrs, sc.TOOL_RETRY_COUNT, sc.SEED_TOOL_RETRY_COUNT) or 0),
         "cache_hit": first_bool(attrs, sc.TOOL_CACHE_HIT),
         "artifact_ref": first_str(attrs, sc.TOOL_ARTIFACT_ID),
         "tokens_approximate": observation_tokens is not None and attrs.get(sc.TOKENS_APPROXIMATE) is True,
@@ -394,6 +416,10 @@ def normalise(record: SpanRecord) -> NormalisedSpan:
         span.llm = llm_fields(record)
     elif kind == TOOL:
         span.tool = tool_fields(record)
+        span.error_type = canonical_error_type(span.error_type)  # ctxlens's earlier names → the documents'
+        measured = _duration_ms(attrs.get(sc.SEED_TOOL_DURATION_MS))
+        if measured is not None:  # the tool's own measure (the design documents' ToolMetrics.duration_ms)
+            span.duration_ms = measured
     elif kind == COMPRESSION:
         span.compression = compression_fields(record)
     elif kind == SKILL:
