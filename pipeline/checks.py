@@ -32,7 +32,7 @@ def check_ctxlens_settings(app_configs: object = None, **kwargs: object) -> list
         )
     if settings.CTXLENS_SAMPLING_SCOPE not in SAMPLING_SCOPE_CHOICES:
         errors.append(
-            Error(f"CTXLENS_SAMPLING_SCOPE must be one of {', '.join(SAMPLING_SCOPE_CHOICES)}.", id="pipeline.E070")
+            Error(f"CTXLENS_SAMPLING_SCOPE must be one of {', '.join(SAMPLING_SCOPE_CHOICES)}.", id="pipeline.E071")
         )
     if settings.CTXLENS_OTLP_COMPRESSION not in OTLP_COMPRESSION_CHOICES:
         errors.append(
@@ -60,9 +60,9 @@ def check_ctxlens_settings(app_configs: object = None, **kwargs: object) -> list
             )
         )
     if settings.CTXLENS_ARTIFACT_CLEANUP_INTERVAL_S < 0:
-        errors.append(Error("CTXLENS_ARTIFACT_CLEANUP_INTERVAL_S must be 0 (off) or more.", id="pipeline.E062"))
-    positive("CTXLENS_METRICS_EXPORT_INTERVAL_S", "pipeline.E060")
-    positive("CTXLENS_METRICS_EXPORT_TIMEOUT_MS", "pipeline.E061")
+        errors.append(Error("CTXLENS_ARTIFACT_CLEANUP_INTERVAL_S must be 0 (off) or more.", id="pipeline.E068"))
+    positive("CTXLENS_METRICS_EXPORT_INTERVAL_S", "pipeline.E066")
+    positive("CTXLENS_METRICS_EXPORT_TIMEOUT_MS", "pipeline.E067")
     if not settings.DEBUG and not settings.ALLOWED_HOSTS:
         errors.append(Error("ALLOWED_HOSTS must be set when DEBUG is off.", id="pipeline.E009"))
     return errors

@@ -3,8 +3,8 @@ stats), built from the stored records: `manage.py report [--conversation ID] [--
 
 The figures are the conversation totals the ingest keeps (pipeline.ingest.write.counters) and the
 per-tool statistics of pipeline.stats. One difference from the seeds: a tool's "Avg Tokens" is
-the tokens of its observation, the part of a tool call that fills the model's context (ctxlens
-does not see a tool's own input/output token use).
+the tokens of its observation, the part of a tool call that fills the model's context (what it
+takes from the conversation window, not the tokens a tool reads or spends on its own).
 """
 
 from __future__ import annotations
@@ -43,7 +43,8 @@ def conversation_report(conversation: Conversation) -> str:
     calls = tool_calls_in(conversation_id=c.pk)
     failed = calls.filter(success=False).count()
     skills = sorted(set(
-        SkillActivation.objects.filter(conversation=c, load_level__lt=3).values_list("skill_name", flat=True)
+        SkillActivation.objects.filter(conversation=c).exclude(load_level=3, messages=[])
+        .values_list("skill_name", flat=True)
     ))
     return (
         "Conversation Metrics Report\n"

@@ -49,7 +49,12 @@ class PeriodicCleanup:
             if self._stopped or now < self._next_check or (self._running and not self._running.done()):
                 return None
             self._next_check = now + interval
-            if not cache.add(CACHE_KEY, now, timeout=interval):
+            try:
+                claimed = cache.add(CACHE_KEY, now, timeout=interval)
+            except Exception as error:  # the shared cache (Redis) is down: skip this turn, never the request
+                logger.warning("artifact cleanup skipped: the cache is unavailable (%s)", type(error).__name__)
+                return None
+            if not claimed:
                 return None  # another process ran it within the interval
             if self._executor is None:
                 self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ctxlens-artifact-cleanup")

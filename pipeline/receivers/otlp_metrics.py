@@ -60,7 +60,7 @@ def _decode(body: bytes, content_type: str, content_encoding: str) -> ExportMetr
             request.ParseFromString(raw)
         else:
             json_format.Parse(raw or b"{}", request, ignore_unknown_fields=True)
-    except (DecodeError, json_format.ParseError, UnicodeDecodeError, RecursionError):
+    except (DecodeError, json_format.ParseError, ValueError, RuntimeError, RecursionError):  # as the trace decoder
         return Failed(Kind.INVALID_ARGUMENT, "the body is not an OTLP ExportMetricsServiceRequest")
     return request
 

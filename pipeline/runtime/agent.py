@@ -182,7 +182,7 @@ class Agent:
             self.tools, model=self.model, cache=cache, artifact_store=artifact_store, on_worker_exit=on_worker_exit,
             output_levels=output_levels, **({"retry_policy": retry_policy} if retry_policy else {}),
         )
-        if needs_artifact_reader(tool for tool in tools if tool.name not in SKILL_TOOLS):
+        if needs_artifact_reader(tool for tool in self.tools if getattr(tool, "name", "") not in SKILL_TOOLS):
             reader = read_artifact_tool(self.executor.artifact_store)
             self.tools.append(reader)
             self.executor.add_tool(reader)

@@ -20,7 +20,7 @@ def expected_totals(report: DemoReport, conversation_id: str, rounds_per_convers
     """What the runtime itself counted for one conversation of the demo."""
     start = sum(rounds_per_conversation[: report.conversation_ids.index(conversation_id)])
     rounds = report.rounds[start: start + rounds_per_conversation[report.conversation_ids.index(conversation_id)]]
-    activations = [a for r in rounds for a in r.skill_activations if a.level < 3]
+    activations = [a for r in rounds for a in r.skill_activations if not a.resource]  # resource reads are not activations
     return {
         "compression_count": sum(len(r.compressions) for r in rounds),
         "skill_activation_count": len(activations),
@@ -70,3 +70,28 @@ def test_totals_count_what_the_runtime_did(otlp_server, artifact_dir, alice):
     stat = lambda name: re.search(rf'data-stat="{name}"[^>]*>(\d+)<', page).group(1)  # noqa: E731
     assert stat("skill-activations") == "2" and stat("unique-skills") == "2"
     assert stat("messages") == str(skilled.message_count) and int(stat("messages")) > skilled.tool_call_count
+
+
+def test_a_level_3_activation_counts_and_a_resource_read_does_not(db):
+    _, ingest_key = ApiKey.generate("agent", scope=Scope.INGEST)
+    _, read_key = ApiKey.generate("reader", scope=Scope.READ)
+    common = {"conversation_id": "levels", "round_id": "r1", "chain": ["pdf"]}
+    events = [
+        {"type": "round_start", "conversation_id": "levels", "round_id": "r1", "timestamp": "2026-05-01T12:00:00Z",
+         "user_message": "fill the form"},
+        # activate_skill("pdf", level=3): its instructions and every resource, injected at once.
+        {"type": "skill_activation", **common, "activation_id": "a-1", "timestamp": "2026-05-01T12:00:01Z",
+         "skill_name": "pdf", "level": 3, "resources": ["references/forms.md"], "tokens": 300, "messages": [
+             {"kind": "instruction", "visibility": "hidden", "tokens": 10, "content": "how to fill forms"},
+             {"kind": "instruction", "visibility": "hidden", "resource": "references/forms.md", "tokens": 290,
+              "content": "forms"}]},
+        # read_skill_resource("docs", ...): a level-3 read of another, already active skill, no messages.
+        {"type": "skill_activation", **common, "activation_id": "a-2", "timestamp": "2026-05-01T12:00:02Z",
+         "skill_name": "docs", "level": 3, "resources": ["references/style.md"], "tokens": 50},
+    ]
+    assert client_with(ingest_key).post("/api/ingest/", {"schema_version": "1.0", "events": events},
+                                        format="json").status_code == 200
+
+    pk = Conversation.objects.get(external_id="levels").pk
+    body = client_with(read_key).get(f"/api/conversations/{pk}/").json()
+    assert (body["skill_activation_count"], body["unique_skill_count"]) == (1, 1)

@@ -48,7 +48,7 @@ def test_tool_and_token_metrics_count_what_the_agent_did():
     errors = {(p.attributes["gen_ai.tool.name"], p.attributes["error.type"]): p.value
               for p in points(data, "ctxlens.tool.errors")}
     assert errors == {("web_search", "timeout"): 1, ("web_search", "permission_denied"): 1,
-                      ("query_sales", "invalid_input"): 1}
+                      ("query_sales", "invalid_parameters"): 1}
     assert sum(p.value for p in points(data, "ctxlens.tool.retries")) == sum(t.retry_count for t in results) == 4
 
     durations = points(data, "ctxlens.tool.duration")

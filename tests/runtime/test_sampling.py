@@ -74,4 +74,4 @@ def test_an_unknown_sampling_scope_is_refused(settings):
     with pytest.raises(ValueError, match="sampling_scope must be one of turn, tool_call"):
         build_tracer_provider(ObservabilityConfig(sampling_scope="per_span"))
     settings.CTXLENS_SAMPLING_SCOPE = "per_span"
-    assert "pipeline.E070" in {message.id for message in run_checks()}
+    assert "pipeline.E071" in {message.id for message in run_checks()}

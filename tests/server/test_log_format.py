@@ -42,7 +42,7 @@ def test_json_log_lines_carry_level_logger_and_the_trace(tmp_path):
     traces = set(json.loads(done.stdout.strip().splitlines()[-1]))
     lines = [json.loads(line) for line in done.stderr.splitlines() if line.startswith("{")]
     assert lines and len(lines) == len(done.stderr.splitlines())  # every line is a JSON object
-    failed = [line for line in lines if "failed (rate_limited)" in line["message"]]
+    failed = [line for line in lines if "failed (rate_limit)" in line["message"]]
     assert failed, lines
     entry = failed[0]
     assert entry["level"] == "INFO" and entry["logger"] == "pipeline.runtime.executor"
@@ -53,7 +53,7 @@ def test_json_log_lines_carry_level_logger_and_the_trace(tmp_path):
 def test_text_is_the_default_and_a_bad_format_is_refused(tmp_path):
     done = run_with(tmp_path, "text")
     assert done.returncode == 0, done.stderr
-    line = next(line for line in done.stderr.splitlines() if "failed (rate_limited)" in line)
+    line = next(line for line in done.stderr.splitlines() if "failed (rate_limit)" in line)
     assert re.match(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} INFO pipeline\.runtime\.executor: tool web_search", line)
 
     bad = run_with(tmp_path, "xml")

@@ -41,8 +41,10 @@ def _recompute_conversations(conversation_ids: list[int]) -> None:
     c, r, llm = sql.table(Conversation), sql.table(Round), sql.table(LLMCall)
     of_rounds = f"FROM {r} x WHERE x.conversation_id = {c}.id"
     of_compressions = f"FROM {sql.table(CompressionEvent)} x WHERE x.conversation_id = {c}.id"
-    # Level 3 rows are resource loads of a skill already activated, not activations.
-    of_skills = f"FROM {sql.table(SkillActivation)} x WHERE x.conversation_id = {c}.id AND x.load_level < 3"
+    # A level-3 row that injected no messages of its own is a resource read of a skill already
+    # active (read_skill_resource), not an activation; activate_skill at level 3 injects messages.
+    of_skills = (f"FROM {sql.table(SkillActivation)} x WHERE x.conversation_id = {c}.id "
+                 f"AND NOT (x.load_level = 3 AND x.messages = '[]')")
     of_tools = f"FROM {sql.table(ToolCall)} x WHERE x.conversation_id = {c}.id"
     sql.execute(
         f"UPDATE {c} SET "
