@@ -138,7 +138,16 @@ def test_no_endpoint_or_metrics_off_exports_nothing(receiver):
 def test_metrics_url_follows_the_traces_endpoint():
     assert metrics_url("http://collector:4318") == "http://collector:4318/v1/metrics"
     assert metrics_url("https://ctxlens.example/v1/traces") == "https://ctxlens.example/v1/metrics"
-    assert metrics_url("http://collector:4318/custom") == "http://collector:4318/custom"
+    assert metrics_url("http://collector:4318/custom") is None  # a hand-picked traces URL: no guessing
+
+
+def test_a_custom_traces_path_sends_spans_there_and_no_metrics_to_it(receiver, caplog):
+    endpoint, received = receiver
+    telemetry = Telemetry.from_config(ObservabilityConfig(otlp_endpoint=f"{endpoint}/custom"))
+    run_demo(telemetry)
+    telemetry.shutdown()
+    assert received["/custom"] and set(received) == {"/custom"}  # every request was a span export
+    assert "metrics are not exported" in caplog.text
 
 
 def test_a_ctxlens_server_accepts_the_runtimes_metrics(otlp_server):

@@ -24,6 +24,8 @@ take protobuf.
 
 from __future__ import annotations
 
+import logging
+
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit, urlunsplit
@@ -39,6 +41,7 @@ if TYPE_CHECKING:
     from pipeline.runtime.protocol import ToolExecutionResult
     from pipeline.runtime.telemetry.config import ObservabilityConfig
 
+logger = logging.getLogger(__name__)
 TOOL_SUCCESS = "ctxlens.tool.success"  # a metric attribute only: spans say it with their status
 
 # OTel's advisory bucket boundaries for gen_ai.client.token.usage and for durations in seconds.
@@ -46,14 +49,19 @@ TOKEN_BUCKETS = (1, 4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576, 4
 DURATION_BUCKETS = (0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92)
 
 
-def metrics_url(endpoint: str) -> str:
-    """`http://host:4318` → `http://host:4318/v1/metrics`; `…/v1/traces` → `…/v1/metrics`; any other path as given."""
+def metrics_url(endpoint: str) -> str | None:
+    """`http://host:4318` → `http://host:4318/v1/metrics`; `…/v1/traces` → `…/v1/metrics`.
+
+    Any other path is a traces URL chosen by hand (CTXLENS_OTLP_ENDPOINT is then used as given
+    for spans): where metrics belong cannot be guessed from it, so None (no metrics are sent,
+    rather than protobuf metrics posted to a traces receiver every interval).
+    """
     parts = urlsplit(endpoint)
     if parts.path in ("", "/"):
-        parts = parts._replace(path="/v1/metrics")
-    elif parts.path.endswith("/v1/traces"):
-        parts = parts._replace(path=parts.path[: -len("traces")] + "metrics")
-    return urlunsplit(parts)
+        return urlunsplit(parts._replace(path="/v1/metrics"))
+    if parts.path.endswith("/v1/traces"):
+        return urlunsplit(parts._replace(path=parts.path[: -len("traces")] + "metrics"))
+    return None
 
 
 def otlp_metric_exporter(config: ObservabilityConfig) -> MetricExporter:
@@ -72,7 +80,7 @@ def otlp_metric_exporter(config: ObservabilityConfig) -> MetricExporter:
     from opentelemetry.exporter.otlp.proto.http import Compression
     from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
 
-    return OTLPMetricExporter(endpoint=metrics_url(config.otlp_endpoint), headers=dict(config.otlp_headers),
+    return OTLPMetricExporter(endpoint=metrics_url(config.otlp_endpoint) or "", headers=dict(config.otlp_headers),
                               compression=Compression(config.otlp_compression), timeout=timeout)
 
 
@@ -81,7 +89,11 @@ def build_meter_provider(
 ) -> MeterProvider:
     """A MeterProvider with a periodic OTLP reader (if metrics are on and an endpoint is set) and `readers`."""
     all_readers = list(readers)
-    if config.enable_metrics and config.otlp_endpoint:
+    sendable = config.otlp_protocol == "grpc" or metrics_url(config.otlp_endpoint) is not None
+    if config.enable_metrics and config.otlp_endpoint and not sendable:
+        logger.warning("metrics are not exported: CTXLENS_OTLP_ENDPOINT has a path of its own, so where "
+                       "/v1/metrics is cannot be told; give the server's base URL or one ending in /v1/traces")
+    if config.enable_metrics and config.otlp_endpoint and sendable:
         all_readers.append(PeriodicExportingMetricReader(
             otlp_metric_exporter(config),
             export_interval_millis=config.metrics_export_interval_s * 1000,
