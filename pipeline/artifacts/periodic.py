@@ -5,8 +5,10 @@ on a background thread, never on a request's path.
 Not the seeds' free-running daemon thread (DESIGN.md: no free-running daemon threads): the end of
 any request (`request_finished`: a page, an API call, an OTLP export) asks `maybe_run()`, which
 costs a clock comparison until the interval has passed; then one worker across all processes
-wins the cache entry (`cache.add`, atomic in Redis and in local memory) and runs the cleanup on
-its single cleanup thread, which exists only while there is work. `stop()` ends it (waiting for a
+wins the cache entry of the current interval (`cache.add` of a key named after
+`now // interval`, atomic in Redis and in local memory; named by the clock rather than kept by
+a cache expiry, so every worker agrees on the interval) and runs the cleanup on its single
+cleanup thread, which exists only while there is work. `stop()` ends it (waiting for a
 run in progress) and turns the periodic run off for the process. A server without requests has
 nothing new to clean; `manage.py cleanup_artifacts` from cron stays for installs that want a
 fixed schedule.
@@ -28,7 +30,7 @@ from pipeline.conf import ctxlens_config
 
 logger = logging.getLogger(__name__)
 
-CACHE_KEY = "ctxlens:artifact-cleanup:last-run"
+CACHE_KEY = "ctxlens:artifact-cleanup:interval:{}"
 
 
 class PeriodicCleanup:
@@ -50,7 +52,7 @@ class PeriodicCleanup:
                 return None
             self._next_check = now + interval
             try:
-                claimed = cache.add(CACHE_KEY, now, timeout=interval)
+                claimed = cache.add(CACHE_KEY.format(int(now // interval)), now, timeout=2 * interval)
             except Exception as error:  # the shared cache (Redis) is down: skip this turn, never the request
                 logger.warning("artifact cleanup skipped: the cache is unavailable (%s)", type(error).__name__)
                 return None
