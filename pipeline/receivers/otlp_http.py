@@ -95,12 +95,24 @@ def on_writer(work: Callable[[], Any]) -> Any:
     return writer().submit(work).result()
 
 
+def post_only(content_type: str) -> Reply:
+    """405 for any method but POST, in the encoding the client sent."""
+    encoding = reply_type(content_type)
+    return Reply(405, otlp.status_body(encoding, UNIMPLEMENTED, "use POST"), encoding, {"Allow": "POST"})
+
+
+def http_response(reply: Reply) -> HttpResponse:
+    response = HttpResponse(reply.body, status=reply.status, content_type=reply.content_type)
+    for name, value in reply.headers.items():
+        response[name] = value
+    return response
+
+
 async def _export(request: HttpRequest, logs: bool) -> HttpResponse:
     request.get_host()  # ALLOWED_HOSTS (these views are served without CommonMiddleware): 400 if not allowed
     content_type = (request.content_type or "").strip().lower()
     if request.method != "POST":
-        reply = Reply(405, otlp.status_body(reply_type(content_type), UNIMPLEMENTED, "use POST"),
-                      reply_type(content_type), {"Allow": "POST"})
+        reply = post_only(content_type)
     else:
         ingest_request = IngestRequest(
             source="otlp", body=request.body, content_type=content_type, logs=logs,
@@ -113,10 +125,7 @@ async def _export(request: HttpRequest, logs: bool) -> HttpResponse:
         )
         reply = outcome_reply(outcome, content_type, logs)
     deferred.resume()  # once per process: token work an earlier process left unfinished
-    response = HttpResponse(reply.body, status=reply.status, content_type=reply.content_type)
-    for name, value in reply.headers.items():
-        response[name] = value
-    return response
+    return http_response(reply)
 
 
 @csrf_exempt

@@ -28,7 +28,7 @@ from pipeline.ingest.decode import otlp
 from pipeline.ingest.decode.decompress import BodyTooLarge, CorruptBody, UnsupportedEncoding, decompress
 from pipeline.ingest.service import Failed, Kind
 from pipeline.models import ApiKey
-from pipeline.receivers.otlp_http import ADMITTED_KEY, UNIMPLEMENTED, Reply, failure_reply, off_the_loop, reply_type
+from pipeline.receivers.otlp_http import ADMITTED_KEY, Reply, failure_reply, http_response, off_the_loop, post_only
 
 logger = logging.getLogger(__name__)
 
@@ -83,16 +83,12 @@ async def otlp_metrics(request: HttpRequest) -> HttpResponse:
     request.get_host()  # ALLOWED_HOSTS, as the other OTLP views
     content_type = (request.content_type or "").strip().lower()
     if request.method != "POST":
-        encoding = reply_type(content_type)
-        reply = Reply(405, otlp.status_body(encoding, UNIMPLEMENTED, "use POST"), encoding, {"Allow": "POST"})
+        reply = post_only(content_type)
     else:
         key = getattr(request, "scope", {}).get(ADMITTED_KEY)
         reply = await off_the_loop(accept_metrics)(
             request.body, content_type, request.headers.get("Content-Encoding", ""),
             request.headers.get("Authorization"), key,
         )
-    response = HttpResponse(reply.body, status=reply.status, content_type=reply.content_type)
-    for name, value in reply.headers.items():
-        response[name] = value
-    return response
+    return http_response(reply)
 

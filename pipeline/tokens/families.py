@@ -150,12 +150,18 @@ def _encoding(where: str, value: Any) -> str:
     return encodings.canonical(value)
 
 
-def _settings(where: str, raw: Any, allowed: set[str]) -> dict[str, Any]:
+def _mapping_of(where: str, raw: Any, allowed: set[str]) -> dict[str, Any]:
+    """`raw` as a mapping with no key outside `allowed`."""
     if not isinstance(raw, dict):
         raise TokenConfigError(f"{where} must be a mapping")
     unknown = set(raw) - allowed
     if unknown:
         raise TokenConfigError(f"{where}: unknown key(s) {', '.join(sorted(map(str, unknown)))}")
+    return raw
+
+
+def _settings(where: str, raw: Any, allowed: set[str]) -> dict[str, Any]:
+    raw = _mapping_of(where, raw, allowed)
     out: dict[str, Any] = {}
     if "encoding" in raw:
         out["encoding"] = _encoding(f"{where}.encoding", raw["encoding"])
@@ -179,11 +185,7 @@ SEED_FAMILY_ALIASES = {"mistal": "mistral"}  # the design document's ModelFamily
 def _seed_encoder(pattern: Any, raw: Any, families: Mapping[str, FamilySettings]) -> ModelOverride:
     """One `encoders:` entry (EncoderConfig fields) as a model override."""
     where = f"encoders[{pattern!r}]"
-    if not isinstance(raw, dict):
-        raise TokenConfigError(f"{where} must be a mapping")
-    unknown = set(raw) - SEED_KEYS
-    if unknown:
-        raise TokenConfigError(f"{where}: unknown key(s) {', '.join(sorted(map(str, unknown)))}")
+    raw = _mapping_of(where, raw, SEED_KEYS)
     values: dict[str, Any] = {}
     if "encoding_name" in raw:
         values["encoding"] = _encoding(f"{where}.encoding_name", raw["encoding_name"])
