@@ -8,11 +8,14 @@ row is still waiting for its deferred token counts (tokens_pending); the lag is 
 the last response until then.
 
     .venv/bin/python bench/ingest.py [--spans 20000] [--batch 100] [--concurrency 4] [--gzip] [--json]
+    .venv/bin/python bench/ingest.py --base <commit>     # that commit first, then this checkout: the ratios
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/ctxlens_bench .venv/bin/python bench/ingest.py
     DATABASE_URL=postgres://… REDIS_URL=redis://127.0.0.1:6379/0 .venv/bin/python bench/ingest.py --workers 2
 
 With --workers N > 1, uvicorn runs N worker processes (the scale path: PostgreSQL and Redis);
-CPU and peak RSS are then summed over the workers.
+CPU and peak RSS are then summed over the workers. With --base, the same load runs first against
+another commit (a temporary git worktree, served the same way, on its own fresh SQLite file),
+and the ratios this/base follow the absolute figures of both.
 """
 
 from __future__ import annotations
@@ -22,15 +25,19 @@ import importlib.util
 import os
 import shlex
 import socket
+import sqlite3
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import httpx
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "bench"))
+from trees import checkout, short  # noqa: E402
 
 
 def default_load_script(root: Path = ROOT) -> Path:
@@ -55,16 +62,17 @@ def load_generator():
     return module
 
 
-def manage(env: dict[str, str], *args: str) -> str:
-    return subprocess.run([sys.executable, "manage.py", *args], cwd=ROOT, env=env, check=True,
+def manage(env: dict[str, str], *args: str, tree: Path = ROOT) -> str:
+    return subprocess.run([sys.executable, "manage.py", *args], cwd=tree, env=env, check=True,
                           capture_output=True, text=True).stdout
 
 
-def start_server(env: dict[str, str], port: int, workers: int = 1) -> subprocess.Popen:
+def start_server(env: dict[str, str], port: int, workers: int = 1, tree: Path = ROOT) -> subprocess.Popen:
+    """uvicorn serving the code in `tree`, as `make run` does."""
     server = subprocess.Popen(
         [sys.executable, "-m", "uvicorn", "config.asgi:application", "--host", "127.0.0.1", "--port", str(port),
          "--lifespan", "off", "--log-level", "warning", *(["--workers", str(workers)] if workers > 1 else [])],
-        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        cwd=tree, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
     for _ in range(300):
         try:
@@ -111,13 +119,95 @@ def tree_peak_rss_mb(pid: int) -> float:
     return sum(peak_rss_mb(p) for p in process_tree(pid))
 
 
-def queryable() -> tuple[int, int]:
-    """(spans stored, LLM/tool rows still pending), read through the ORM from the bench database."""
-    from pipeline.models import LLMCall, Span, ToolCall
+def queryable(database_url: str) -> tuple[int, int]:
+    """(spans stored, LLM/tool rows still pending), read from the bench database directly."""
+    queries = ("SELECT COUNT(*) FROM pipeline_span", "SELECT COUNT(*) FROM pipeline_llmcall WHERE tokens_pending",
+               "SELECT COUNT(*) FROM pipeline_toolcall WHERE tokens_pending")
+    if database_url.startswith("sqlite:///"):
+        with sqlite3.connect(database_url.removeprefix("sqlite:///"), timeout=30) as db:
+            stored, llm, tool = (db.execute(q).fetchone()[0] for q in queries)
+    else:
+        from django.db import connection
 
-    stored = Span.objects.count()
-    pending = LLMCall.objects.filter(tokens_pending=True).count() + ToolCall.objects.filter(tokens_pending=True).count()
-    return stored, pending
+        found = []
+        with connection.cursor() as cursor:
+            for query in queries:
+                cursor.execute(query)
+                found.append(cursor.fetchone()[0])
+        stored, llm, tool = found
+    return stored, llm + tool
+
+
+class Run(NamedTuple):
+    """What one server did with the load."""
+
+    result: dict
+    stored: int
+    pending: int
+    elapsed: float  # first request until everything queryable
+    lag: float  # last response until everything queryable
+    rss: float
+    cpu: float
+
+    @property
+    def throughput(self) -> float:
+        return self.stored / self.elapsed
+
+    @property
+    def cpu_per_span(self) -> float:
+        return self.cpu / max(1, self.stored) * 1e6
+
+
+def measure(tree: Path, bodies: list[bytes], counts: list[int], args: argparse.Namespace) -> Run:
+    """Serve the code in `tree` on a fresh database (DATABASE_URL, else a temporary SQLite file)
+    and send it the load."""
+    tmp = tempfile.TemporaryDirectory(prefix="ctxlens-bench-")
+    database_url = os.environ.get("DATABASE_URL", "") or f"sqlite:///{tmp.name}/bench.sqlite3"
+    env = {**os.environ, "DATABASE_URL": database_url, "CTXLENS_DATA_DIR": tmp.name, "DEBUG": "0",
+           "LOG_LEVEL": "WARNING", "PYTHONUNBUFFERED": "1"}
+    manage(env, "migrate", "--no-input", tree=tree)
+    if queryable(database_url)[0]:
+        raise SystemExit("the database is not empty; point DATABASE_URL at a fresh database")
+    key = manage(env, "create_api_key", "bench", tree=tree).strip().splitlines()[-1]
+    port = free_port()
+    server = start_server(env, port, args.workers, tree=tree)
+    try:
+        cpu_before = tree_cpu_seconds(server.pid)
+        started = time.perf_counter()
+        result = load_generator().run_load(
+            f"http://127.0.0.1:{port}/v1/traces", bodies, counts, args.concurrency, 600.0,
+            "application/json" if args.json else "application/x-protobuf", args.gzip,
+            extra_headers={"Authorization": f"Bearer {key}"})
+        last_response = time.perf_counter()
+        deadline = last_response + args.lag_timeout
+        while True:
+            stored, pending = queryable(database_url)
+            if (stored >= result["spans_accepted"] and pending == 0) or time.perf_counter() > deadline:
+                break
+            time.sleep(0.02)
+        done = time.perf_counter()
+        rss = tree_peak_rss_mb(server.pid)
+        server_cpu = tree_cpu_seconds(server.pid) - cpu_before
+    finally:
+        server.terminate()
+        server.wait(10)
+        tmp.cleanup()
+    return Run(result, stored, pending, done - started, done - last_response, rss, server_cpu)
+
+
+def report(run: Run, name: str = "") -> None:
+    if name:
+        print(f"-- {name}")
+    result = run.result
+    print(f"HTTP statuses      {result['http_status']}  exceptions {result['exceptions'] or 'none'}")
+    print(f"stored             {run.stored} spans, {run.pending} rows still pending")
+    print(f"throughput         {run.throughput:,.0f} spans/s persisted and queryable "
+          f"({result['spans_per_s']:,.0f} spans/s acknowledged)")
+    print(f"request latency    p50 {result['latency_ms']['p50']:.0f} ms, p95 {result['latency_ms']['p95']:.0f} ms")
+    print(f"lag                {run.lag * 1000:.0f} ms from the last response until all queryable")
+    print(f"server peak RSS    {run.rss:.0f} MB")
+    print(f"server CPU         {run.cpu:.1f} s = {run.cpu_per_span:.0f} µs per span "
+          f"(wall {run.elapsed:.1f} s; CPU shared with the load generator and other users)")
 
 
 def main() -> int:
@@ -129,30 +219,21 @@ def main() -> int:
     parser.add_argument("--json", action="store_true", help="OTLP/JSON instead of protobuf")
     parser.add_argument("--lag-timeout", type=float, default=120.0)
     parser.add_argument("--workers", type=int, default=1, help="uvicorn worker processes (several: the scale path)")
+    parser.add_argument("--base", help="a commit to measure first, back to back with this checkout (SQLite only)")
     args = parser.parse_args()
-
-    tmp = tempfile.TemporaryDirectory(prefix="ctxlens-bench-")
     given_url = os.environ.get("DATABASE_URL", "")
-    database_url = given_url or f"sqlite:///{tmp.name}/bench.sqlite3"
-    env = {**os.environ, "DATABASE_URL": database_url, "CTXLENS_DATA_DIR": tmp.name, "DEBUG": "0",
-           "LOG_LEVEL": "WARNING", "PYTHONUNBUFFERED": "1"}
-    os.environ.update({"DATABASE_URL": database_url, "CTXLENS_DATA_DIR": tmp.name, "DEBUG": "0",
-                       "DJANGO_SETTINGS_MODULE": "config.settings"})
-    sys.path.insert(0, str(ROOT))
-    import django
+    if args.base and given_url:
+        raise SystemExit("--base measures each commit on a fresh temporary SQLite database; unset DATABASE_URL")
+    if given_url:  # PostgreSQL: read through Django, as the app does
+        os.environ.update({"DJANGO_SETTINGS_MODULE": "config.settings"})
+        sys.path.insert(0, str(ROOT))
+        import django
 
-    django.setup()
-    manage(env, "migrate", "--no-input")
-    from pipeline.models import Span
-
-    if Span.objects.exists():
-        raise SystemExit("the database is not empty; point DATABASE_URL at a fresh database")
-    key = manage(env, "create_api_key", "bench").strip().splitlines()[-1]
+        django.setup()
 
     load = load_generator()
-    run_id = f"bench-{os.getpid()}"
     t = time.perf_counter()
-    requests = load.build_requests(args.spans, args.batch, run_id=run_id)
+    requests = load.build_requests(args.spans, args.batch, run_id=f"bench-{os.getpid()}")
     bodies = [load.to_otlp_json(r) for r in requests] if args.json else [r.SerializeToString() for r in requests]
     raw_bytes = sum(map(len, bodies))
     if args.gzip:
@@ -163,50 +244,32 @@ def main() -> int:
     print(f"built {len(bodies)} requests, {sum(counts)} spans, {raw_bytes / sum(counts):.0f} B/span "
           f"in {time.perf_counter() - t:.1f} s", file=sys.stderr)
 
-    port = free_port()
-    server = start_server(env, port, args.workers)
-    try:
-        cpu_before = tree_cpu_seconds(server.pid)
-        started = time.perf_counter()
-        result = load.run_load(f"http://127.0.0.1:{port}/v1/traces", bodies, counts, args.concurrency, 600.0,
-                               "application/json" if args.json else "application/x-protobuf", args.gzip,
-                               extra_headers={"Authorization": f"Bearer {key}"})
-        last_response = time.perf_counter()
-        deadline = last_response + args.lag_timeout
-        while True:
-            stored, pending = queryable()
-            if (stored >= result["spans_accepted"] and pending == 0) or time.perf_counter() > deadline:
-                break
-            time.sleep(0.02)
-        done = time.perf_counter()
-        rss = tree_peak_rss_mb(server.pid)
-        server_cpu = tree_cpu_seconds(server.pid) - cpu_before
-    finally:
-        server.terminate()
-        server.wait(10)
+    runs: dict[str, Run] = {}
+    if args.base:
+        with checkout(args.base) as base:
+            runs[f"base {short(args.base)}"] = measure(base, bodies, counts, args)
+    runs["this checkout"] = measure(ROOT, bodies, counts, args)
 
-    backend = "PostgreSQL" if database_url.startswith("postgres") else "SQLite"
-    elapsed = done - started
+    backend = "PostgreSQL" if given_url.startswith("postgres") else "SQLite"
     print(f"backend            {backend}{', Redis' if os.environ.get('REDIS_URL') else ''}, "
           f"uvicorn with {args.workers} worker process{'es' if args.workers > 1 else ''}")
     print(f"spans sent         {sum(counts)} in {len(bodies)} requests of {args.batch} "
           f"({'JSON' if args.json else 'protobuf'}{', gzip' if args.gzip else ''}), {args.concurrency} senders")
-    print(f"HTTP statuses      {result['http_status']}  exceptions {result['exceptions'] or 'none'}")
-    print(f"stored             {stored} spans, {pending} rows still pending")
-    print(f"throughput         {stored / elapsed:,.0f} spans/s persisted and queryable "
-          f"({result['spans_per_s']:,.0f} spans/s acknowledged)")
-    print(f"request latency    p50 {result['latency_ms']['p50']:.0f} ms, p95 {result['latency_ms']['p95']:.0f} ms")
-    print(f"lag                {(done - last_response) * 1000:.0f} ms from the last response until all queryable")
-    print(f"server peak RSS    {rss:.0f} MB")
-    print(f"server CPU         {server_cpu:.1f} s = {server_cpu / max(1, stored) * 1e6:.0f} µs per span "
-          f"(wall {elapsed:.1f} s; CPU shared with the load generator and other users)")
+    for name, run in runs.items():
+        report(run, name if args.base else "")
+    if args.base:
+        base, this = runs[f"base {short(args.base)}"], runs["this checkout"]
+        print(f"-- this checkout / base: throughput {this.throughput / base.throughput:.2f}x, "
+              f"server CPU per span {this.cpu_per_span / base.cpu_per_span:.2f}x, "
+              f"peak RSS {this.rss / base.rss:.2f}x")
     redis_url = os.environ.get("REDIS_URL", "")
     print("reproduce          " + (f"DATABASE_URL={shlex.quote(given_url)} " if given_url else "")
           + (f"REDIS_URL={shlex.quote(redis_url)} " if redis_url else "")
           + f".venv/bin/python bench/ingest.py --spans {args.spans} --batch {args.batch} "
           f"--concurrency {args.concurrency}{' --gzip' if args.gzip else ''}{' --json' if args.json else ''}"
-          + (f" --workers {args.workers}" if args.workers > 1 else ""))
-    ok = stored == sum(counts) and pending == 0 and result["http_errors"] == 0
+          + (f" --workers {args.workers}" if args.workers > 1 else "")
+          + (f" --base {args.base}" if args.base else ""))
+    ok = all(r.stored == sum(counts) and r.pending == 0 and r.result["http_errors"] == 0 for r in runs.values())
     return 0 if ok else 1
 
 

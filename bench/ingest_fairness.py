@@ -29,6 +29,7 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
 from asgi_server import free_port  # noqa: E402
+from trees import checkout  # noqa: E402
 
 PROTOBUF = "application/x-protobuf"
 
@@ -119,14 +120,8 @@ def main() -> None:
     parser.add_argument("--batch-spans", type=int, default=50_000)
     args = parser.parse_args()
     prompt, batch = prompt_body(args.prompt_mb), spans_body(1, args.batch_spans)
-    with tempfile.TemporaryDirectory(prefix="ctxlens-base-") as tmp:
-        base = Path(tmp) / "tree"
-        subprocess.run(["git", "worktree", "add", "--detach", str(base), args.base], cwd=ROOT, check=True,
-                       capture_output=True)
-        try:
-            results = {f"base {args.base}": measure(base, prompt, batch), "this checkout": measure(ROOT, prompt, batch)}
-        finally:
-            subprocess.run(["git", "worktree", "remove", "--force", str(base)], cwd=ROOT, capture_output=True)
+    with checkout(args.base) as base:
+        results = {f"base {args.base}": measure(base, prompt, batch), "this checkout": measure(ROOT, prompt, batch)}
     print(f"one-span export after a {args.prompt_mb} MB prompt without counts / while a {args.batch_spans}-span "
           "request is stored (seconds until its reply):")
     for name, r in results.items():
