@@ -23,6 +23,9 @@ from dashboard.live import record_serving_loop  # noqa: E402
 from dashboard.origin import SameOriginValidator  # noqa: E402
 from pipeline.receivers.otlp_router import OtlpIngestRouter  # noqa: E402
 from dashboard.routing import websocket_urlpatterns  # noqa: E402
+from pipeline.insight.pricing import load_price_database  # noqa: E402
+
+load_price_database()  # at startup, not in the first request that prices an LLM call
 
 # record_serving_loop: ingest committed on other threads sends its live updates on this loop.
 application = record_serving_loop(ProtocolTypeRouter(

@@ -229,7 +229,11 @@ CTXLENS_ARTIFACT_CLEANUP_ON_SESSION_END = env_bool("CTXLENS_ARTIFACT_CLEANUP_ON_
 CTXLENS_SKILLS_DIR = Path(env_str("CTXLENS_SKILLS_DIR", str(BASE_DIR / "skills"))).resolve()
 # "package.module:callable" taking a model name and returning a LangChain chat model (a skill's `model`).
 CTXLENS_MODEL_FACTORY = env_str("CTXLENS_MODEL_FACTORY", "")
+# YAML prices that add to or override genai-prices' offline data (pipeline.insight.pricing).
+CTXLENS_PRICES_FILE = env_str("CTXLENS_PRICES_FILE", "")
 CTXLENS_COMPRESSION_THRESHOLD = env_float("CTXLENS_COMPRESSION_THRESHOLD", 0.8)
+# Findings: a tool observation over this share of the model's context window is oversized.
+CTXLENS_OVERSIZED_OBSERVATION_RATIO = env_float("CTXLENS_OVERSIZED_OBSERVATION_RATIO", 0.25)
 CTXLENS_MAX_INGEST_BYTES = env_int("CTXLENS_MAX_INGEST_BYTES", 64 * 1024 * 1024)
 # Request bodies this process holds at once, over all ingest requests; over it → 503 + Retry-After.
 CTXLENS_MAX_INFLIGHT_BYTES = env_int("CTXLENS_MAX_INFLIGHT_BYTES", 256 * 1024 * 1024)

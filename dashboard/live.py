@@ -21,7 +21,6 @@ from collections.abc import Awaitable, Callable
 from concurrent.futures import Future
 from typing import Any, TypedDict
 
-from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 
 from pipeline.signals import IngestChanges, ingest_committed
@@ -169,7 +168,9 @@ def on_ingest_committed(sender: object, changes: IngestChanges, **kwargs: object
         elif (loop := _serving_loop()) is not None:  # another thread of a serving process
             sending = asyncio.run_coroutine_threadsafe(send_changes(live, conversation_ids), loop)
         else:  # nothing is served here (a command): no websocket listens in this process
-            async_to_sync(send_changes)(live, conversation_ids)
+            # On this thread's own loop, not async_to_sync's executor: a background refresh that
+            # finishes as the command exits still sends (the executor refuses work by then).
+            asyncio.run(send_changes(live, conversation_ids))
             return
         _running.add(sending)
         sending.add_done_callback(_done)

@@ -6,14 +6,17 @@ the number of stored spans. Per-tool statistics come from pipeline.stats.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from decimal import Decimal
 from itertools import chain
 
 from django.db.models import Count, Max, Q, QuerySet, Sum
 from django.db.models.functions import TruncMinute
 from django.utils import timezone
 
+from pipeline.insight.findings import CODES, SEVERITIES
 from pipeline.models import CompressionEvent, Conversation, LLMCall, Status, ToolCall
 
 # Columns that can hold a whole context window (megabytes per row with a real agent). Lists,
@@ -33,25 +36,28 @@ def _since(qs: QuerySet, field: str, since: datetime | None) -> QuerySet:
 
 
 def tokens_per_minute(minutes: int = 60, now: datetime | None = None) -> dict[str, list]:
-    """Input and output tokens of LLM calls per minute over the last `minutes`, zero-filled."""
+    """Input and output tokens and cost in USD of LLM calls per minute over the last `minutes`,
+    zero-filled; a minute whose calls all lack a price has cost None (a gap, not $0)."""
     now = (now or timezone.now()).replace(second=0, microsecond=0)
     start = now - timedelta(minutes=minutes - 1)
     rows = (
         LLMCall.objects.filter(started_at__gte=start)
         .annotate(minute=TruncMinute("started_at"))
         .values("minute")
-        .annotate(input=Sum("input_tokens"), output=Sum("output_tokens"))
+        .annotate(input=Sum("input_tokens"), output=Sum("output_tokens"), cost=Sum("cost_usd"))
         .order_by()
     )
     by_minute = {row["minute"]: row for row in rows}
-    labels, inputs, outputs = [], [], []
+    labels, inputs, outputs, costs = [], [], [], []
     for i in range(minutes):
         minute = start + timedelta(minutes=i)
-        row = by_minute.get(minute, {})
+        row = by_minute.get(minute, {"input": 0, "output": 0, "cost": 0})
         labels.append(minute.strftime("%H:%M"))
-        inputs.append(row.get("input") or 0)
-        outputs.append(row.get("output") or 0)
-    return {"labels": labels, "input": inputs, "output": outputs}
+        inputs.append(row["input"] or 0)
+        outputs.append(row["output"] or 0)
+        # a JSON number for the chart (Django's encoder would write a Decimal as a string)
+        costs.append(None if row["cost"] is None else float(row["cost"]))
+    return {"labels": labels, "input": inputs, "output": outputs, "cost": costs}
 
 
 @dataclass(frozen=True)
@@ -64,11 +70,14 @@ class Totals:
     tool_errors: int
     compressions: int
     tokens_saved: int
+    cost_usd: Decimal | None  # of the priced LLM calls; None when none has a price
+    unpriced_calls: int
 
 
 def totals(since: datetime | None) -> Totals:
     llm = _since(LLMCall.objects.order_by(), "started_at", since).aggregate(
-        calls=Count("id"), input=Sum("input_tokens"), output=Sum("output_tokens")
+        calls=Count("id"), input=Sum("input_tokens"), output=Sum("output_tokens"), cost=Sum("cost_usd"),
+        unpriced=Count("id", filter=Q(cost_usd__isnull=True)),
     )
     tools = _since(ToolCall.objects.order_by(), "started_at", since).aggregate(
         calls=Count("id"), errors=Count("id", filter=Q(success=False))
@@ -85,6 +94,8 @@ def totals(since: datetime | None) -> Totals:
         tool_errors=tools["errors"],
         compressions=compressions["count"],
         tokens_saved=(compressions["before"] or 0) - (compressions["after"] or 0),
+        cost_usd=llm["cost"],
+        unpriced_calls=llm["unpriced"],
     )
 
 
@@ -95,6 +106,31 @@ def active_conversations(limit: int = 8, now: datetime | None = None) -> list[Co
         Conversation.objects.filter(Q(status=Status.RUNNING) | Q(last_activity_at__gte=recent))
         .order_by("-last_activity_at")[:limit]
     )
+
+
+@dataclass(frozen=True)
+class FindingCode:
+    code: str
+    severity: str
+    findings: int
+    conversations: int  # how many conversations have it
+
+
+def finding_codes(since: datetime | None, limit: int = 10) -> list[FindingCode]:
+    """The most frequent finding codes in the conversations active since `since` (errors first among
+    equals), from the counts stored with each conversation (pipeline.insight.finding_counts): no
+    findings computed here."""
+    findings: Counter = Counter()
+    conversations: Counter = Counter()
+    stored = _since(Conversation.objects.filter(finding_count__gt=0).order_by(), "last_activity_at", since)
+    for counts in stored.values_list("finding_counts", flat=True).iterator(chunk_size=2000):
+        for code, n in counts.items():
+            if code in CODES and n:
+                findings[code] += n
+                conversations[code] += 1
+    severity = {name: rank for rank, name in enumerate(SEVERITIES)}
+    ranked = sorted(findings, key=lambda code: (-findings[code], severity[CODES[code]], code))[:limit]
+    return [FindingCode(code, CODES[code], findings[code], conversations[code]) for code in ranked]
 
 
 def recent_compressions(limit: int = 8) -> list[CompressionEvent]:

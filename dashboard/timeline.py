@@ -15,6 +15,7 @@ from django.db.models.functions import Coalesce
 from django.urls import reverse
 
 from dashboard.context_bars import ContextBar, context_bar, usage_series
+from dashboard.diff_lines import DiffLine, diff_lines
 from dashboard.queries import HEAVY_COMPRESSION_FIELDS, HEAVY_LLM_FIELDS
 from pipeline.ingest.normalise.messages import message_text, tool_calls_of
 from pipeline.models import CompressionEvent, Conversation, LLMCall, Round, SkillActivation, ToolCall
@@ -30,6 +31,7 @@ class Step:
     bar: ContextBar | None = None
     thoughts: str = ""
     requested: list[dict] = field(default_factory=list)  # tool calls the LLM asked for
+    diff: DiffLine | None = None  # an LLM call's input against the previous call's
 
 
 @dataclass
@@ -54,10 +56,10 @@ def assistant_thoughts(call: LLMCall) -> str:
     return "\n\n".join(t for t in texts if t)
 
 
-def _llm_step(call: LLMCall) -> Step:
+def _llm_step(call: LLMCall, diff: DiffLine) -> Step:
     messages = call.output_messages if isinstance(call.output_messages, list) else []
     return Step("llm", call.started_at, call, bar=context_bar(call), thoughts=assistant_thoughts(call),
-                requested=tool_calls_of([m for m in messages if isinstance(m, dict)]))
+                requested=tool_calls_of([m for m in messages if isinstance(m, dict)]), diff=diff)
 
 
 def build_turns(conversation: Conversation, rounds: list[Round], numbers: list[int],
@@ -71,8 +73,10 @@ def build_turns(conversation: Conversation, rounds: list[Round], numbers: list[i
     def of(model):
         return model.objects.filter(where, conversation=conversation)
 
-    for call in of(LLMCall).defer(*HEAVY_LLM_FIELDS).order_by("started_at"):
-        steps[call.round_id].append(_llm_step(call))
+    calls = list(of(LLMCall).defer(*HEAVY_LLM_FIELDS).order_by("started_at", "pk"))
+    lines = diff_lines(calls)  # from the digests loaded with the calls, in a few more queries
+    for call in calls:
+        steps[call.round_id].append(_llm_step(call, lines[call.pk]))
     for tool in of(ToolCall).select_related("artifact").order_by("started_at"):
         steps[tool.round_id].append(Step("tool", tool.started_at, tool))
     for event in of(CompressionEvent).defer(*HEAVY_COMPRESSION_FIELDS).order_by("occurred_at"):

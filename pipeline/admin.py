@@ -21,6 +21,7 @@ from pipeline.models import (
     Span,
     SpanLog,
     ToolCall,
+    ToolResultCarry,
 )
 
 PREVIEW_BYTES = 4096
@@ -191,3 +192,19 @@ class SpanLogAdmin(admin.ModelAdmin):
     list_display = ("event_name", "trace_id", "span_id", "time_unix_nano", "received_at")
     list_filter = ("event_name",)
     search_fields = ("trace_id", "span_id", "event_name")
+
+
+@admin.register(ToolResultCarry)
+class ToolResultCarryAdmin(admin.ModelAdmin):
+    """The ledger of which LLM call carried which tool result (pipeline.ingest.write.tool_context):
+    kept by ingest, read-only here."""
+
+    list_display = ("tool_call_id", "trace_id", "span_id", "started_at", "tokens", "cost_usd")
+    search_fields = ("tool_call_id", "trace_id", "span_id")
+    raw_id_fields = ("conversation",)
+
+    def has_add_permission(self, request) -> bool:
+        return False
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False

@@ -26,6 +26,9 @@ def check_ctxlens_settings(app_configs: object = None, **kwargs: object) -> list
     positive("CTXLENS_RETENTION_DAYS", "pipeline.E005")
     if not 0 < settings.CTXLENS_COMPRESSION_THRESHOLD <= 1:
         errors.append(Error("CTXLENS_COMPRESSION_THRESHOLD must be in (0, 1].", id="pipeline.E006"))
+    if not 0 < settings.CTXLENS_OVERSIZED_OBSERVATION_RATIO <= 1:
+        errors.append(Error("CTXLENS_OVERSIZED_OBSERVATION_RATIO must be in (0, 1]: the share of a model's context "
+                            "window past which one tool observation is reported as oversized.", id="pipeline.E073"))
     if settings.CTXLENS_SAMPLING not in SAMPLING_CHOICES:
         errors.append(
             Error(f"CTXLENS_SAMPLING must be one of {', '.join(SAMPLING_CHOICES)}.", id="pipeline.E007")
@@ -113,4 +116,16 @@ def check_model_factory(app_configs: object = None, **kwargs: object) -> list:
     except ModelFactoryError as exc:
         return [Error(f"{exc}; use 'package.module:callable' (model name -> LangChain chat model).",
                       id="pipeline.E070")]
+    return []
+
+
+@register()
+def check_prices_file(app_configs: object = None, **kwargs: object) -> list:
+    """CTXLENS_PRICES_FILE, when set, is a readable YAML file of valid price entries."""
+    from pipeline.insight.pricing import PricesFileError, load_overrides
+
+    try:
+        load_overrides(settings.CTXLENS_PRICES_FILE)
+    except PricesFileError as exc:
+        return [Error(f"CTXLENS_PRICES_FILE: {exc}.", id="pipeline.E072")]
     return []

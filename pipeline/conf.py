@@ -30,6 +30,7 @@ class CtxlensConfig:
     artifact_cleanup_on_session_end: bool
     skills_dir: Path
     compression_threshold: float
+    oversized_observation_ratio: float
     max_ingest_bytes: int
     max_inflight_bytes: int
     ingest_chunk_spans: int
@@ -54,6 +55,7 @@ class CtxlensConfig:
     metrics_export_interval_s: float
     metrics_export_timeout_ms: int
     model_factory: str
+    prices_file: str  # CTXLENS_PRICES_FILE: YAML price overrides (pipeline.insight.pricing), "" for none
 
 
 @cache
@@ -67,6 +69,7 @@ def ctxlens_config() -> CtxlensConfig:
         artifact_cleanup_on_session_end=settings.CTXLENS_ARTIFACT_CLEANUP_ON_SESSION_END,
         skills_dir=Path(settings.CTXLENS_SKILLS_DIR),
         compression_threshold=settings.CTXLENS_COMPRESSION_THRESHOLD,
+        oversized_observation_ratio=settings.CTXLENS_OVERSIZED_OBSERVATION_RATIO,
         max_ingest_bytes=settings.CTXLENS_MAX_INGEST_BYTES,
         max_inflight_bytes=settings.CTXLENS_MAX_INFLIGHT_BYTES,
         ingest_chunk_spans=settings.CTXLENS_INGEST_CHUNK_SPANS,
@@ -91,6 +94,7 @@ def ctxlens_config() -> CtxlensConfig:
         metrics_export_interval_s=settings.CTXLENS_METRICS_EXPORT_INTERVAL_S,
         metrics_export_timeout_ms=settings.CTXLENS_METRICS_EXPORT_TIMEOUT_MS,
         model_factory=settings.CTXLENS_MODEL_FACTORY,
+        prices_file=settings.CTXLENS_PRICES_FILE,
     )
 
 
@@ -114,3 +118,7 @@ def _clear_config_cache(*, setting: str, **kwargs: object) -> None:
         server_runtime_settings.cache_clear()
     if setting == "CTXLENS_TOKEN_ENCODERS_FILE":
         clear_token_caches()
+    if setting == "CTXLENS_PRICES_FILE":
+        from pipeline.insight.pricing import load_overrides
+
+        load_overrides.cache_clear()

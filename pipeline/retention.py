@@ -7,7 +7,9 @@ What goes:
 - spans that belong to no conversation and started before the cutoff;
 - artifacts past their expiry time (their files go when the deletion commits);
 - OTLP log records (SpanLog) received before the cutoff.
-A conversation that is still active keeps all its spans, however old, so its trace stays whole.
+A conversation that is still active keeps all its spans, however old, so its trace stays whole;
+one that became active again while being pruned keeps what is left, with its counters and cost
+sums recomputed from it.
 
 Every batch is its own short transaction of at most `batch_size` ids, so ingest and the
 dashboard never wait behind one long delete (SQLite has one writer; PostgreSQL row locks).
@@ -23,6 +25,8 @@ from django.utils import timezone
 
 from pipeline.artifacts.cleanup import delete_artifacts, delete_expired_artifacts
 from pipeline.conf import ctxlens_config
+from pipeline.ingest.write import sql
+from pipeline.ingest.write.counters import recompute_counters
 from pipeline.models import (
     Artifact,
     CompressionEvent,
@@ -33,6 +37,7 @@ from pipeline.models import (
     Span,
     SpanLog,
     ToolCall,
+    ToolResultCarry,
 )
 
 BATCH_SIZE = 1000
@@ -79,6 +84,7 @@ def delete_in_batches(queryset: models.QuerySet, batch_size: int = BATCH_SIZE) -
 
 # Children before parents, so each conversation's final delete finds nothing left to cascade.
 _CONVERSATION_CHILDREN: list[tuple[type[models.Model], str]] = [
+    (ToolResultCarry, "tool_result_carries"),
     (ToolCall, "tool_calls"),
     (CompressionEvent, "compressions"),
     (SkillActivation, "skill_activations"),
@@ -143,7 +149,7 @@ def prune(
             _, per_model = Conversation.objects.filter(
                 pk__in=conversation_ids, last_activity_at__lt=result.cutoff
             ).delete()
-        result.batches += 1
+        result.batches += 1 + _recount_survivors(conversation_ids)
         result.conversations += per_model.get(Conversation._meta.label, 0)
         for label, count in per_model.items():
             if label != Conversation._meta.label:
@@ -159,6 +165,20 @@ def prune(
     result.other_rows += deleted
     result.batches += batches
     return result
+
+
+def _recount_survivors(conversation_ids: list[int]) -> int:
+    """Recompute the counters and cost sums of the conversations of a step that came back to life
+    while it ran: rows of theirs already deleted (a batch chosen before the ingest that made them
+    current) are no longer in the sums an ingest computed meanwhile. Returns the batches (0 or 1)."""
+    survivors = set(Conversation.objects.filter(pk__in=conversation_ids).values_list("pk", flat=True))
+    if not survivors:
+        return 0
+    with transaction.atomic():
+        sql.lock_rows(Conversation, survivors)  # as an ingest transaction does, so the two queue
+        rounds = set(Round.objects.filter(conversation_id__in=survivors).values_list("pk", flat=True))
+        recompute_counters(rounds, survivors)
+    return 1
 
 
 def _hand_over_used_artifacts(conversation_ids: list[int], cutoff: dt.datetime) -> int:

@@ -1,5 +1,13 @@
 """Per-tool statistics over stored tool calls, for the read API and the dashboard pages.
 
+Context cost: `context_tokens` and `context_cost_usd` sum what each call's result cost the later
+LLM calls that carried it (pipeline.ingest.write.tool_context); `avg_context_carries` is how
+many calls carried a result, on average over the tool's calls. The output-level what-if covers
+the calls whose full result is stored (`level_calls`): `tokens_at_level` sums their tokens at
+each level, and `level_savings` says what switching them to a level would have saved —
+(observation tokens − tokens at the level) × the calls that carried them, priced at the tool's
+average context cost per token (None without a price). A negative saving is a cost.
+
 Percentiles are continuous (linear interpolation between the two nearest ranks, the
 definition of PostgreSQL's `percentile_cont` and of numpy's default): PostgreSQL computes
 them in the grouped query; on SQLite, which has no percentile function, the durations are
@@ -12,10 +20,15 @@ import re
 from collections import defaultdict
 from dataclasses import asdict, dataclass
 from datetime import datetime, timedelta
+from decimal import Decimal
+from typing import TypedDict
 
 from django.db import connections
-from django.db.models import Aggregate, Avg, Count, FloatField, Q, QuerySet, Sum
+from django.db.models import Aggregate, Avg, Count, F, FloatField, IntegerField, Q, QuerySet, Sum
+from django.db.models.fields.json import KT
+from django.db.models.functions import Cast
 
+from pipeline.insight.levels import LEVELS
 from pipeline.models import ToolCall
 
 PERCENTILES = (0.5, 0.95)
@@ -36,9 +49,61 @@ class ToolStats:
     p95_duration_ms: float | None
     avg_observation_tokens: float
     total_observation_tokens: int
+    context_tokens: int = 0  # the results' tokens, summed over every LLM call that carried them
+    context_cost_usd: float | None = None  # those tokens priced per carrying call; None: none priced
+    avg_context_carries: float = 0.0  # LLM calls that carried a result, per call of the tool
+    level_calls: int = 0  # calls whose full result is stored, which the what-if covers
+    tokens_at_level: dict[str, int] | None = None  # {"brief", "standard", "full"}: their tokens at each level
+    level_savings: dict[str, LevelSaving] | None = None  # {"brief", ...}: switching them to that level
 
     def as_dict(self) -> dict[str, object]:
         return asdict(self)
+
+
+class LevelSaving(TypedDict):
+    tokens: int  # context tokens saved (negative: spent)
+    cost_usd: float | None  # at the tool's average context cost per token; None without a price
+
+
+HAS_LEVELS = Q(tokens_at_level__has_key=LEVELS[0])
+
+
+def _at_level(level: str) -> Cast:
+    return Cast(KT(f"tokens_at_level__{level}"), IntegerField())
+
+
+def _context_aggregates() -> dict[str, Aggregate]:
+    """The sums behind the context-cost and output-level fields (see the module docstring)."""
+    sums: dict[str, Aggregate] = {
+        "sum_context_tokens": Sum("context_tokens"),
+        "sum_context_cost": Sum("context_cost_usd"),
+        "sum_context_carries": Sum("context_carries"),
+        "level_calls": Count("id", filter=HAS_LEVELS),
+        "level_carried": Sum(F("observation_tokens") * F("context_carries"), filter=HAS_LEVELS),
+    }
+    for level in LEVELS:
+        sums[f"at_{level}"] = Sum(_at_level(level), filter=HAS_LEVELS)
+        sums[f"carried_{level}"] = Sum(_at_level(level) * F("context_carries"), filter=HAS_LEVELS)
+    return sums
+
+
+def _context_fields(row: dict) -> dict[str, object]:
+    tokens, cost = row["sum_context_tokens"] or 0, row["sum_context_cost"]
+    fields: dict[str, object] = {
+        "context_tokens": tokens,
+        "context_cost_usd": None if cost is None else float(cost),
+        "avg_context_carries": (row["sum_context_carries"] or 0) / row["calls"] if row["calls"] else 0.0,
+        "level_calls": row["level_calls"],
+    }
+    if row["level_calls"]:
+        per_token = Decimal(cost) / tokens if cost is not None and tokens else None
+        fields["tokens_at_level"] = {level: row[f"at_{level}"] or 0 for level in LEVELS}
+        savings = {}
+        for level in LEVELS:
+            saved = (row["level_carried"] or 0) - (row[f"carried_{level}"] or 0)
+            savings[level] = LevelSaving(tokens=saved, cost_usd=None if per_token is None else float(saved * per_token))
+        fields["level_savings"] = savings
+    return fields
 
 
 class PercentileCont(Aggregate):
@@ -107,6 +172,7 @@ def tool_stats(calls: QuerySet[ToolCall] | None = None) -> list[ToolStats]:
         avg_duration_ms=Avg("duration_ms"),
         avg_observation_tokens=Avg("observation_tokens"),
         total_observation_tokens=Sum("observation_tokens"),
+        **_context_aggregates(),
         **extra,
     )
     rows = list(rows)
@@ -133,6 +199,7 @@ def tool_stats(calls: QuerySet[ToolCall] | None = None) -> list[ToolStats]:
                 p95_duration_ms=p95,
                 avg_observation_tokens=float(row["avg_observation_tokens"] or 0.0),
                 total_observation_tokens=row["total_observation_tokens"] or 0,
+                **_context_fields(row),
             )
         )
     result.sort(key=lambda s: (-s.calls, s.tool_name))

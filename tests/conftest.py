@@ -22,11 +22,14 @@ ROOT = Path(__file__).resolve().parent.parent
 
 @pytest.fixture(scope="session")
 def django_db_setup(django_db_setup):
-    """pytest-django's test databases; the ingest writer threads close their connections before
-    the databases are dropped (PostgreSQL refuses to drop a database still in use)."""
+    """pytest-django's test databases; the finding counts refresh and the ingest writer threads
+    stop and close their connections before the databases are dropped (PostgreSQL refuses to
+    drop a database still in use, SQLite's in-memory one is gone for a refresh still waiting)."""
     yield
     from pipeline.ingest.write.writer_threads import stop_writer
+    from pipeline.insight import finding_counts
 
+    finding_counts.stop()  # before the writer: a refresh queues its write there
     stop_writer()
 
 

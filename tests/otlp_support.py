@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import time
 
+from django.db.models import Q
+
 from pipeline.models import ApiKey, Conversation, LLMCall, Round, Span, ToolCall
 from pipeline.models.apikeys import Scope
 
@@ -12,7 +14,8 @@ PROTOBUF, JSON = "application/x-protobuf", "application/json"
 
 def wait_for_deferred_tokens(seconds: float = 60) -> None:
     deadline = time.monotonic() + seconds
-    while LLMCall.objects.filter(tokens_pending=True).exists() or ToolCall.objects.filter(tokens_pending=True).exists():
+    while LLMCall.objects.filter(tokens_pending=True).exists() or ToolCall.objects.filter(
+            Q(tokens_pending=True) | Q(levels_pending=True)).exists():
         if time.monotonic() > deadline:
             raise AssertionError(f"the server left token counts pending for {seconds} s")
         time.sleep(0.1)

@@ -8,6 +8,7 @@ another compares equal field by field.
 from __future__ import annotations
 
 import datetime as dt
+from decimal import Decimal
 from typing import Any
 
 from django.db import models
@@ -24,7 +25,11 @@ from pipeline.models import (
 )
 
 # Written by this installation when the row was stored, not carried by the trace.
-LOCAL_FIELDS = {"id", "created_at", "received_at", "last_accessed_at", "expires_at", "source", "tokens_pending"}
+LOCAL_FIELDS = {"id", "created_at", "received_at", "last_accessed_at", "expires_at", "source", "tokens_pending",
+                # background work's bookkeeping: when it has run differs between installations
+                "findings_stale", "finding_counts", "finding_count", "levels_pending",
+                # read off this installation's artifact files, which an export does not carry
+                "tokens_at_level"}
 
 
 # Rows are compared in the order of their natural keys, so one differing field shows as itself.
@@ -46,6 +51,8 @@ def natural_key(obj: models.Model | None) -> Any:
 def _value(value: Any) -> Any:
     if isinstance(value, dt.datetime):
         return value.astimezone(dt.timezone.utc).isoformat()
+    if isinstance(value, Decimal):
+        return str(value)  # a cost: exact, and JSON has no decimals
     return value
 
 

@@ -8,6 +8,7 @@ from django.urls import reverse
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from pipeline.insight.findings import CODES, SEVERITIES
 from pipeline.models import (
     Artifact,
     CompressionEvent,
@@ -24,21 +25,62 @@ from pipeline.stats import parse_window
 TIMING = ["started_at", "ended_at", "duration_ms", "status", "error_type", "error_message"]
 
 
+def usd(help_text: str) -> serializers.DecimalField:
+    """A USD amount: a JSON number (never a string, whatever COERCE_DECIMAL_TO_STRING says), or
+    null when no price is known ("no price", never 0)."""
+    return serializers.DecimalField(max_digits=30, decimal_places=12, coerce_to_string=False, read_only=True,
+                                    allow_null=True, help_text=help_text)
+
+
+SUM_OF_COSTS = ("Sum of its LLM calls' cost_usd; null when none of them has a known price (or it has no LLM "
+                "calls). With unpriced_call_count > 0 it is a partial sum.")
+UNPRICED = "How many of its LLM calls have no known price (left out of cost_usd)."
+STORED_COUNTS = ("Stored with the conversation and refreshed in the background about a second after the "
+                 "ingest that changed it; /api/conversations/{id}/findings/ computes the findings themselves fresh.")
+
+
 class ConversationSerializer(serializers.ModelSerializer):
+    cost_usd = usd(SUM_OF_COSTS)
+    unpriced_call_count = serializers.IntegerField(read_only=True, help_text=UNPRICED)
+    finding_count = serializers.IntegerField(read_only=True, help_text=f"How many findings. {STORED_COUNTS}")
+    finding_counts = serializers.DictField(
+        child=serializers.IntegerField(), read_only=True,
+        help_text=f"Findings by code, e.g. {{\"cache_break\": 2}}. {STORED_COUNTS}")
+
     class Meta:
         model = Conversation
         fields = [
             "id", "external_id", "title", "agent_name", "user_id", "service_name", "model", "status",
             "started_at", "last_activity_at", "round_count", "llm_call_count", "tool_call_count",
             "error_count", "input_tokens", "output_tokens", "compression_count", "skill_activation_count",
-            "unique_skill_count", "retried_call_count", "message_count",
+            "unique_skill_count", "retried_call_count", "message_count", "cost_usd", "unpriced_call_count",
+            "finding_count", "finding_counts",
         ]
+
+
+class FindingSerializer(serializers.Serializer):
+    code = serializers.ChoiceField(choices=list(CODES), help_text="What is wrong (pipeline.insight.findings).")
+    severity = serializers.ChoiceField(
+        choices=SEVERITIES, help_text="error: a tool-calling protocol violation; warning: waste or a coming "
+                                      "failure; info: worth knowing.")
+    message = serializers.CharField(help_text="A sentence with the figures.")
+    round_id = serializers.IntegerField(allow_null=True, help_text="The turn the finding is about.")
+    llm_call_id = serializers.IntegerField(allow_null=True, help_text="The LLM call it is about (/llm-calls/<id>/).")
+    tool_call_id = serializers.CharField(allow_null=True, help_text="The id the model gave the tool call it is about.")
+    tool_call = serializers.IntegerField(allow_null=True, help_text="The stored tool call it is about.")
+
+
+class FindingListSerializer(serializers.Serializer):
+    results = FindingSerializer(many=True, help_text="In the order of the time of the call each is about.")
 
 
 class LLMCallSerializer(serializers.ModelSerializer):
     approximate = serializers.BooleanField(
         source="tokens_approximate", read_only=True,
         help_text="Token counts ctxlens computed with a tokenizer that only approximates the model's")
+    cost_usd = usd("What the call cost in USD, from its input, cache-read, cache-write, output and reasoning "
+                   "tokens at the model's price when it started (genai-prices, or CTXLENS_PRICES_FILE); "
+                   "null when the model has no known price.")
 
     class Meta:
         model = LLMCall
@@ -47,8 +89,62 @@ class LLMCallSerializer(serializers.ModelSerializer):
             "operation", *TIMING, "input_tokens", "output_tokens", "total_tokens", "cache_read_tokens",
             "cache_write_tokens", "reasoning_tokens", "context_window", "context_tokens",
             "context_composition", "input_messages", "output_messages", "finish_reason", "tokens_estimated",
-            "approximate",
+            "approximate", "cost_usd",
         ]
+
+
+class TokensAtLevelSerializer(serializers.Serializer):
+    brief = serializers.IntegerField()
+    standard = serializers.IntegerField()
+    full = serializers.IntegerField()
+
+
+class DiffMessageSerializer(serializers.Serializer):
+    index = serializers.IntegerField(help_text="Position in the input: this call's (added, changed) or "
+                                               "the previous call's (removed).")
+    role = serializers.CharField()
+    category = serializers.CharField(help_text="The context category it counts under.")
+    tokens = serializers.IntegerField(help_text="The call's input tokens split over its messages by UTF-8 size.")
+
+
+class ChangedMessageSerializer(DiffMessageSerializer):
+    previous_index = serializers.IntegerField(help_text="Its position in the previous call's input.")
+    previous_tokens = serializers.IntegerField(help_text="Its tokens in the previous call.")
+
+
+class CallDiffSerializer(serializers.Serializer):
+    """An LLM call's input against the previous LLM call of its conversation (pipeline.insight.diff)."""
+
+    previous_call_id = serializers.IntegerField(
+        allow_null=True, help_text="null: the first call of its stream (the conversation's first call, or one that "
+                                   "shares no message with earlier calls).")
+    kept_prefix_messages = serializers.IntegerField(help_text="Leading messages both inputs share unchanged.")
+    kept_prefix_tokens = serializers.IntegerField(help_text="Their tokens: what a prompt cache can serve.")
+    added = DiffMessageSerializer(many=True)
+    removed = DiffMessageSerializer(many=True)
+    changed = ChangedMessageSerializer(many=True)
+    token_delta = serializers.IntegerField(help_text="input_tokens minus the previous call's.")
+    token_delta_by_category = serializers.DictField(
+        child=serializers.IntegerField(), help_text="The added, removed and changed messages' tokens by category.")
+    cache_break = serializers.BooleanField(help_text="The previous input is not a prefix of this one.")
+    cache_break_reason = serializers.ChoiceField(
+        choices=["compression", "edit"], allow_null=True,
+        help_text="compression: a recorded compression explains it; edit: nothing does; null: no break.")
+    uncacheable_tokens = serializers.IntegerField(
+        help_text="Tokens of messages both inputs share that sit past the break: cached before, not now.")
+
+
+class LLMCallDetailSerializer(LLMCallSerializer):
+    """One LLM call with the diff of its input against the previous call's (the view puts it in the context)."""
+
+    diff = serializers.SerializerMethodField()
+
+    class Meta(LLMCallSerializer.Meta):
+        fields = ["id", "conversation", "round", *(f for f in LLMCallSerializer.Meta.fields if f != "id"), "diff"]
+
+    @extend_schema_field(CallDiffSerializer)
+    def get_diff(self, call: LLMCall) -> dict[str, Any]:
+        return CallDiffSerializer(self.context["diff"]).data
 
 
 class ToolCallSerializer(serializers.ModelSerializer):
@@ -59,14 +155,29 @@ class ToolCallSerializer(serializers.ModelSerializer):
     error_class = serializers.CharField(
         read_only=True, help_text="The error type's class: retryable, permanent or needs_human; empty when unknown."
     )
+    context_tokens = serializers.IntegerField(
+        read_only=True, help_text="The tokens this result occupied in every later LLM call whose input carried it, "
+                                  "summed (each call's input tokens split over its messages by size).")
+    context_carries = serializers.IntegerField(read_only=True, help_text="How many LLM calls carried this result.")
+    context_cost_usd = serializers.FloatField(
+        read_only=True, allow_null=True,
+        help_text="context_tokens priced as input tokens of each carrying call's model; null when none has a price.")
+    tokens_at_level = serializers.SerializerMethodField(
+        help_text="The observation's tokens at each output level, from its stored full result (counted shortly after "
+                  "ingest); null without a full result or until counted.")
 
     class Meta:
         model = ToolCall
         fields = [
             "id", "trace_id", "span_id", "llm_call", "tool_name", "tool_call_id", "arguments", "observation",
             "observation_tokens", "input_tokens", "tokens_estimated", "output_level", "success", *TIMING, "error_class",
-            "error_code", "retry_count", "cache_hit", "artifact_id", "approximate",
+            "error_code", "retry_count", "cache_hit", "artifact_id", "approximate", "context_tokens",
+            "context_carries", "context_cost_usd", "tokens_at_level",
         ]
+
+    @extend_schema_field(TokensAtLevelSerializer(allow_null=True))
+    def get_tokens_at_level(self, tool: ToolCall) -> dict[str, int] | None:
+        return tool.tokens_at_level or None  # {}: the stored result could not be read
 
 
 class CompressionSummarySerializer(serializers.ModelSerializer):
@@ -100,13 +211,15 @@ class RoundSerializer(serializers.ModelSerializer):
     tool_calls = ToolCallSerializer(many=True, read_only=True)
     compressions = CompressionSummarySerializer(many=True, read_only=True)
     skill_activations = SkillActivationSerializer(many=True, read_only=True)
+    cost_usd = usd(SUM_OF_COSTS)
+    unpriced_call_count = serializers.IntegerField(read_only=True, help_text=UNPRICED)
 
     class Meta:
         model = Round
         fields = [
             "id", "key", "trace_id", "status", "started_at", "ended_at", "duration_ms", "user_message",
             "final_answer", "llm_call_count", "tool_call_count", "error_count", "input_tokens", "output_tokens",
-            "llm_calls", "tool_calls", "compressions", "skill_activations",
+            "cost_usd", "unpriced_call_count", "llm_calls", "tool_calls", "compressions", "skill_activations",
         ]
 
 
@@ -116,6 +229,8 @@ class ConversationTotalsSerializer(serializers.Serializer):
     llm_calls = serializers.IntegerField()
     tool_calls = serializers.IntegerField()
     errors = serializers.IntegerField(help_text="Failed tool calls plus LLM calls with status error.")
+    cost_usd = usd(SUM_OF_COSTS)
+    unpriced_llm_calls = serializers.IntegerField(help_text="LLM calls with no known price (left out of cost_usd).")
 
 
 class ConversationDetailSerializer(ConversationSerializer):
@@ -158,6 +273,21 @@ class ArtifactSerializer(serializers.ModelSerializer):
         return reverse("api:artifact-content", args=[artifact.artifact_id])
 
 
+class LevelSavingSerializer(serializers.Serializer):
+    tokens = serializers.IntegerField(
+        help_text="Context tokens saved: (observation tokens − tokens at the level) × the LLM calls that carried "
+                  "each result, summed; negative when the level would have cost more.")
+    cost_usd = serializers.FloatField(
+        allow_null=True, help_text="tokens at the tool's average context cost per token (context_cost_usd / "
+                                   "context_tokens); null without a price.")
+
+
+class LevelSavingsSerializer(serializers.Serializer):
+    brief = LevelSavingSerializer()
+    standard = LevelSavingSerializer()
+    full = LevelSavingSerializer()
+
+
 class ToolStatsSerializer(serializers.Serializer):
     tool_name = serializers.CharField()
     calls = serializers.IntegerField()
@@ -172,6 +302,35 @@ class ToolStatsSerializer(serializers.Serializer):
     p95_duration_ms = serializers.FloatField(allow_null=True, help_text="95th percentile, linear interpolation.")
     avg_observation_tokens = serializers.FloatField()
     total_observation_tokens = serializers.IntegerField()
+    context_tokens = serializers.IntegerField(
+        help_text="What the tool's results cost the context: each result's tokens in every later LLM call whose "
+                  "input carried it (until dropped or compressed), summed.")
+    context_cost_usd = serializers.FloatField(
+        allow_null=True, help_text="context_tokens priced as input tokens of each carrying call's model; "
+                                   "null when no carrying call's model has a price.")
+    avg_context_carries = serializers.FloatField(
+        help_text="How many LLM calls carried a result (its re-sends), on average over the tool's calls.")
+    level_calls = serializers.IntegerField(
+        help_text="Calls whose full result is stored (a full-level observation or an artifact): "
+                  "the calls tokens_at_level and level_savings cover.")
+    tokens_at_level = TokensAtLevelSerializer(
+        allow_null=True, help_text="The level_calls' observations formatted at each output level by the runtime's "
+                                   "formatters and counted with its token counter, summed; null when level_calls is 0.")
+    level_savings = LevelSavingsSerializer(
+        allow_null=True, help_text="What switching the level_calls to each level would have saved; null when "
+                                   "level_calls is 0.")
+
+
+class ModelStatsSerializer(serializers.Serializer):
+    model = serializers.CharField(help_text="The model the calls named; empty for calls that named none.")
+    calls = serializers.IntegerField()
+    input_tokens = serializers.IntegerField(help_text="Including cache reads and writes, as providers report them.")
+    output_tokens = serializers.IntegerField()
+    cache_read_tokens = serializers.IntegerField()
+    cache_write_tokens = serializers.IntegerField()
+    reasoning_tokens = serializers.IntegerField()
+    cost_usd = usd("Sum of the calls' cost_usd; null when none has a known price.")
+    unpriced_calls = serializers.IntegerField(help_text="Calls with no known price (left out of cost_usd).")
 
 
 # --- query parameters ------------------------------------------------------------------
@@ -221,6 +380,11 @@ class ToolStatsQuery(TimeRangeQuery):
         if attrs.get("window") is not None and attrs.get("since") is not None:
             raise serializers.ValidationError({"window": ["Give window or since, not both."]})
         return super().validate(attrs)
+
+
+class ModelStatsQuery(ToolStatsQuery):
+    tool = None
+    model = serializers.CharField(required=False, max_length=255, help_text="Only this model.")
 
 
 class CompressionQuery(TimeRangeQuery):

@@ -15,12 +15,21 @@ from rest_framework.routers import SimpleRouter
 
 from pipeline.drf_auth import AnyAccess, BearerKeyAuthentication
 from pipeline.receivers.rest import IngestView
-from dashboard.api.views import ArtifactViewSet, CompressionViewSet, ConversationViewSet, ToolStatsView
+from dashboard.api.spans import RoundSpansView
+from dashboard.api.views import (
+    ArtifactViewSet,
+    CompressionViewSet,
+    ConversationViewSet,
+    LLMCallViewSet,
+    ModelStatsView,
+    ToolStatsView,
+)
 
 app_name = "api"
 
 router = SimpleRouter()
 router.register("conversations", ConversationViewSet, basename="conversation")
+router.register("llm-calls", LLMCallViewSet, basename="llm-call")
 router.register("compressions", CompressionViewSet, basename="compression")
 router.register("artifacts", ArtifactViewSet, basename="artifact")
 
@@ -57,7 +66,9 @@ def not_found(request: Request, rest: str = "") -> None:
 urlpatterns = [
     path("ingest/", IngestView.as_view(), name="ingest"),
     path("tools/stats/", ToolStatsView.as_view(), name="tool-stats"),
+    path("models/stats/", ModelStatsView.as_view(), name="model-stats"),
     path("schema/", SchemaView.as_view(), name="schema"),
+    path("rounds/<int:pk>/spans/", RoundSpansView.as_view(), name="round-spans"),
     path("artifacts/<str:artifact_id>/content", ArtifactViewSet.as_view({"get": "content"}), name="artifact-content"),
     path("", include(router.urls)),
     re_path(r"^(?P<rest>.*)$", not_found, name="not-found"),

@@ -1,4 +1,5 @@
-"""Read API: conversations, tool statistics, compressions and artifacts (session or read-scope key)."""
+"""Read API: conversations, LLM calls, tool and model statistics, compressions and artifacts (session or
+read-scope key)."""
 
 from __future__ import annotations
 
@@ -10,19 +11,25 @@ from django.http import FileResponse, Http404
 from django.utils import timezone
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiResponse, extend_schema, extend_schema_view
-from rest_framework import serializers, viewsets
+from rest_framework import mixins, serializers, viewsets
 from rest_framework.authentication import SessionAuthentication
+from rest_framework.decorators import action
+from rest_framework.exceptions import NotFound
 from rest_framework.pagination import LimitOffsetPagination
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from dashboard.api import serializers as s
-from pipeline.drf_auth import BearerKeyAuthentication, ReadAccess
 from pipeline.artifacts.store import ArtifactError, open_artifact
+from pipeline.drf_auth import BearerKeyAuthentication, ReadAccess
+from pipeline.insight.calls import call_diff
+from pipeline.insight.findings import conversation_findings
+from pipeline.insight.usage import llm_calls_in, model_usage
 from pipeline.models import Artifact, CompressionEvent, Conversation, LLMCall, ToolCall
 from pipeline.stats import tool_calls_in, tool_stats
 
+MAX_ID = 2**63 - 1  # past a 64-bit integer no column holds an id (and SQLite refuses to compare it)
 ERROR = OpenApiResponse(description="JSON `{\"detail\": ...}`")
 READ_ERRORS = {401: ERROR, 403: ERROR}
 
@@ -76,7 +83,7 @@ class ConversationViewSet(ReadApi, viewsets.ReadOnlyModelViewSet):
 
     def get_queryset(self) -> QuerySet[Conversation]:
         qs = Conversation.objects.order_by("-last_activity_at", "-id")
-        if self.action == "retrieve":
+        if self.action in ("retrieve", "findings"):
             return qs
         params = query_params(self.request, s.ConversationQuery)
         # A conversation is in [since, until) when it was active at some point inside it.
@@ -111,7 +118,8 @@ class ConversationViewSet(ReadApi, viewsets.ReadOnlyModelViewSet):
         )
         llm = LLMCall.objects.filter(conversation=conversation).aggregate(
             input_tokens=Sum("input_tokens"), output_tokens=Sum("output_tokens"), calls=Count("id"),
-            errors=Count("id", filter=Q(status="error")),
+            errors=Count("id", filter=Q(status="error")), cost=Sum("cost_usd"),
+            unpriced=Count("id", filter=Q(cost_usd__isnull=True)),
         )
         tools = ToolCall.objects.filter(conversation=conversation).aggregate(
             calls=Count("id"), errors=Count("id", filter=Q(success=False))
@@ -122,18 +130,56 @@ class ConversationViewSet(ReadApi, viewsets.ReadOnlyModelViewSet):
             "llm_calls": llm["calls"],
             "tool_calls": tools["calls"],
             "errors": llm["errors"] + tools["errors"],
+            "cost_usd": llm["cost"],
+            "unpriced_llm_calls": llm["unpriced"],
         }
         context = {**self.get_serializer_context(), "totals": totals, "rounds": rounds,
                    "rounds_total": page.count, "rounds_next": page.get_next_link()}
         serializer = self.get_serializer(conversation, context=context)
         return Response(serializer.data)
 
+    @extend_schema(responses={200: s.FindingListSerializer, 404: ERROR, **READ_ERRORS},
+                   summary="What is wrong with the conversation's context, computed now from its stored calls")
+    @action(detail=True, methods=["get"])
+    def findings(self, request: Request, pk: str | None = None) -> Response:
+        try:
+            conversation = self.get_object()
+        except Http404:
+            raise NotFound("No such conversation.") from None
+        return Response({"results": [finding.as_dict() for finding in conversation_findings(conversation)]})
+
+
+@extend_schema_view(
+    retrieve=extend_schema(responses={200: s.LLMCallDetailSerializer, 404: ERROR, **READ_ERRORS},
+                           summary="One LLM call: its messages, tokens, context composition, and the diff of its "
+                                   "input against the previous LLM call of the conversation"),
+)
+class LLMCallViewSet(ReadApi, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
+    serializer_class = s.LLMCallDetailSerializer
+    queryset = LLMCall.objects.all()
+
+    def get_object(self) -> LLMCall:
+        raw = self.kwargs["pk"]
+        # Any id no row can have (not a number, past a 64-bit integer) is just as unknown.
+        call = (self.get_queryset().filter(pk=int(raw)).first()
+                if raw.isascii() and raw.isdigit() and int(raw) <= MAX_ID else None)
+        if call is None:
+            raise Http404(f"No LLM call with id {raw[:40]!r}.")
+        self.check_object_permissions(self.request, call)
+        return call
+
+    def retrieve(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        call = self.get_object()
+        return Response(self.get_serializer(call, context={**self.get_serializer_context(),
+                                                           "diff": call_diff(call)}).data)
+
 
 class ToolStatsView(ReadApi, APIView):
     @extend_schema(
         parameters=[s.ToolStatsQuery],
         responses={200: s.ToolStatsSerializer(many=True), 400: ERROR, **READ_ERRORS},
-        summary="Per-tool statistics: calls, success rate, retries, cache hit rate, latency percentiles, observation tokens",
+        summary="Per-tool statistics: calls, success rate, retries, cache hit rate, latency percentiles, observation "
+                "tokens, what the results cost the context, and what another output level would have saved",
     )
     def get(self, request: Request) -> Response:
         params = query_params(request, s.ToolStatsQuery)
@@ -146,6 +192,24 @@ class ToolStatsView(ReadApi, APIView):
         )
         stats = [entry.as_dict() for entry in tool_stats(calls)]
         return Response(s.ToolStatsSerializer(stats, many=True).data)
+
+
+class ModelStatsView(ReadApi, APIView):
+    @extend_schema(
+        parameters=[s.ModelStatsQuery],
+        responses={200: s.ModelStatsSerializer(many=True), 400: ERROR, **READ_ERRORS},
+        summary="Per-model usage: LLM calls, tokens and cost in USD, the costliest model first",
+    )
+    def get(self, request: Request) -> Response:
+        params = query_params(request, s.ModelStatsQuery)
+        since = params.get("since")
+        if params.get("window") is not None:
+            since = timezone.now() - params["window"]
+        calls = llm_calls_in(
+            since=since, until=params.get("until"), conversation_id=params.get("conversation"),
+            model=params.get("model"),
+        )
+        return Response(s.ModelStatsSerializer([u.as_dict() for u in model_usage(calls)], many=True).data)
 
 
 @extend_schema_view(

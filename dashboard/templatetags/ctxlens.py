@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
 
 from django import template
 
@@ -58,3 +59,43 @@ def clip(text: object, limit: int = 20000) -> str:
     """At most `limit` characters of a long text (the page says how long the whole is)."""
     text = "" if text is None else str(text)
     return text if len(text) <= int(limit) else text[: int(limit)]
+
+
+NO_PRICE = "no price"
+
+
+@register.filter
+def usd(value: object) -> str:
+    """A cost in USD, short: "$12.35", "$0.0255", "$0.00255" (three significant digits under a
+    dollar, never an exponent); None → "no price" (unknown is not free)."""
+    if value is None or isinstance(value, bool):
+        return NO_PRICE
+    try:
+        amount = Decimal(str(value))
+    except (InvalidOperation, ValueError):
+        return NO_PRICE
+    if not amount.is_finite():
+        return NO_PRICE
+    if amount == 0:
+        return "$0.00"
+    places = 2 if abs(amount) >= 1 else max(2, 2 - amount.adjusted())  # under $1: three significant digits
+    amount = amount.quantize(Decimal(1).scaleb(-places), rounding=ROUND_HALF_UP)
+    if abs(amount) >= 1:
+        return f"${amount:,.2f}"
+    whole, _, fraction = f"{amount:f}".partition(".")
+    return f"${whole}.{fraction.rstrip('0').ljust(2, '0')}"
+
+
+@register.filter
+def usd_exact(value: object) -> str:
+    """The whole amount, for a title attribute: "0.00255 USD"; "" for no price."""
+    if value is None or isinstance(value, bool):
+        return ""
+    try:
+        amount = Decimal(str(value))
+    except (InvalidOperation, ValueError):
+        return ""
+    text = f"{amount:f}"
+    if "." in text:
+        text = text.rstrip("0").rstrip(".")
+    return f"{text} USD"

@@ -1,17 +1,47 @@
-"""One conversation: header, context-usage chart, and the rounds as a ReAct timeline, live."""
+"""One conversation: header, findings, context-usage chart, and the rounds as a ReAct timeline, live."""
 
 from __future__ import annotations
 
+from collections import Counter
+from dataclasses import dataclass
+
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import get_object_or_404, render
+from django.urls import reverse
 
 from dashboard.queries import HEAVY_COMPRESSION_FIELDS
 from dashboard.timeline import build_turns, context_chart, numbered_rounds
 from dashboard.views.common import fragments, fragments_response, page
+from pipeline.insight.findings import SEVERITIES, Finding, conversation_findings
 from pipeline.models import CompressionEvent, Conversation, Round
 
 LATEST_ROUNDS = 100  # the page shows the latest rounds; ?all=1 shows every one
 MAX_FRAGMENT_ROUNDS = 50
+# Findings about a tool's own call link to its timeline entry; the others to the LLM call page.
+TOOL_CODES = ("repeated_tool_call", "oversized_observation", "retry_storm")
+
+
+@dataclass(frozen=True)
+class FindingRow:
+    finding: Finding
+    href: str
+    label: str
+
+
+def _finding_row(finding: Finding) -> FindingRow:
+    if finding.tool_call is not None and (finding.code in TOOL_CODES or finding.llm_call_id is None):
+        return FindingRow(finding, f"#tool-{finding.tool_call}", "tool call")
+    if finding.llm_call_id is not None:
+        return FindingRow(finding, reverse("llm-call", args=[finding.llm_call_id]), "LLM call")
+    return FindingRow(finding, "", "")
+
+
+def _findings_context(conversation: Conversation) -> dict:
+    """The findings panel: computed fresh, like the findings API, on every render."""
+    findings = conversation_findings(conversation)
+    severities = Counter(f.severity for f in findings)
+    return {"findings": [_finding_row(f) for f in findings],
+            "finding_severities": [(s, severities[s]) for s in SEVERITIES if severities[s]]}
 
 
 def _header_context(conversation: Conversation) -> dict:
@@ -34,6 +64,7 @@ def conversation_detail(request: HttpRequest, pk: int) -> HttpResponse:
     conversation = get_object_or_404(Conversation, pk=pk)
     context = {
         **_header_context(conversation),
+        **_findings_context(conversation),
         **_timeline_context(conversation, request.GET.get("all") == "1"),
         "nav": "conversations",
         "context_chart": context_chart(conversation),
@@ -66,6 +97,7 @@ def conversation_fragments(request: HttpRequest, pk: int) -> JsonResponse:
     parts = {
         "conversation-header": ("dashboard/partials/conversation_header.html", header),
         "conversation-compressions": ("dashboard/partials/conversation_compressions.html", header),
+        "conversation-findings": ("dashboard/partials/conversation_findings.html", _findings_context(conversation)),
     }
     if request.GET.get("timeline") == "1":
         show_all = request.GET.get("all") == "1"

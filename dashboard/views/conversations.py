@@ -10,6 +10,8 @@ from django.shortcuts import render
 from django.utils import timezone
 
 from dashboard.views.common import WINDOW_LABELS, WINDOWS, fragments, fragments_response, page
+from pipeline.insight import finding_counts
+from pipeline.insight.findings import CODES
 from pipeline.models import Conversation, Status
 
 PAGE_SIZE = 50
@@ -19,6 +21,7 @@ class ConversationFilter(forms.Form):
     q = forms.CharField(required=False, max_length=200, label="Search")
     model = forms.CharField(required=False, max_length=255)
     status = forms.ChoiceField(required=False, choices=[("", "Any status"), *Status.choices])
+    finding = forms.ChoiceField(required=False, choices=[("", "Any findings"), *[(code, code) for code in CODES]])
     window = forms.ChoiceField(required=False, choices=[("all", "Any time"), *[
         (key, label) for key, label in WINDOW_LABELS.items() if key != "all"]])
 
@@ -37,6 +40,8 @@ class ConversationFilter(forms.Form):
             qs = qs.filter(model=data["model"])
         if data["status"]:
             qs = qs.filter(status=data["status"])
+        if data["finding"]:  # by the stored counts, like the column
+            qs = qs.filter(finding_counts__has_key=data["finding"])
         span = WINDOWS.get(data["window"] or "all")
         if span is not None:
             qs = qs.filter(last_activity_at__gte=timezone.now() - span)
@@ -44,6 +49,7 @@ class ConversationFilter(forms.Form):
 
 
 def _context(request: HttpRequest) -> dict:
+    finding_counts.resume()  # once per process: counts an earlier process left stale
     form = ConversationFilter(request.GET or None)
     paginator = Paginator(form.queryset(), PAGE_SIZE)
     page_obj = paginator.get_page(request.GET.get("page"))

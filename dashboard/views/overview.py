@@ -1,4 +1,5 @@
-"""The overview: token usage per minute, totals, active conversations, tools, compressions, errors."""
+"""The overview: tokens and cost per minute, totals, active conversations, models, tools, findings,
+compressions, errors."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ from django.shortcuts import render
 
 from dashboard import queries
 from dashboard.views.common import fragments, fragments_response, page, window_context, window_param
+from pipeline.insight import finding_counts
+from pipeline.insight.usage import llm_calls_in, model_usage
 from pipeline.stats import tool_calls_in, tool_stats
 
 PARTIALS = {
@@ -15,11 +18,14 @@ PARTIALS = {
     "overview-tools": "dashboard/partials/tool_stats.html",
     "overview-compressions": "dashboard/partials/overview_compressions.html",
     "overview-errors": "dashboard/partials/overview_errors.html",
+    "overview-models": "dashboard/partials/overview_models.html",
+    "overview-findings": "dashboard/partials/overview_findings.html",
 }
 
 
 def _context(request: HttpRequest) -> dict:
     key, since = window_param(request)
+    finding_counts.resume()  # once per process: counts an earlier process left stale
     return {
         **window_context(key),
         "totals": queries.totals(since),
@@ -28,6 +34,8 @@ def _context(request: HttpRequest) -> dict:
         "tool_stats_id": "overview-tools",
         "compressions": queries.recent_compressions(),
         "errors": queries.recent_errors(),
+        "model_usage": model_usage(llm_calls_in(since=since)),
+        "finding_codes": queries.finding_codes(since),
     }
 
 

@@ -1,6 +1,7 @@
 from pipeline.models.apikeys import ApiKey
 from pipeline.models.artifacts import Artifact
 from pipeline.models.calls import LLMCall, ToolCall
+from pipeline.models.carries import ToolResultCarry
 from pipeline.models.conversations import Conversation, Round, Status
 from pipeline.models.events import CompressionEvent, SkillActivation
 from pipeline.models.spans import Span, SpanKind, SpanLog
@@ -18,4 +19,5 @@ __all__ = [
     "SpanLog",
     "Status",
     "ToolCall",
+    "ToolResultCarry",
 ]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.db import models
 
-from pipeline.models.conversations import Conversation, Round
+from pipeline.models.conversations import Conversation, Round, usd_field
 from pipeline.runtime.errors import ToolErrorType
 
 
@@ -39,6 +39,10 @@ class LLMCall(SpanRecordMixin):
     cache_read_tokens = models.IntegerField(default=0)
     cache_write_tokens = models.IntegerField(default=0)
     reasoning_tokens = models.IntegerField(default=0)
+    # What the call cost in USD (pipeline.insight.costs), from the token counts above and the price
+    # at `started_at`; null when no price is known for the model ("no price", never 0). Kept
+    # whenever the counts change: at ingest, after deferred counting, when logs rebuild the call.
+    cost_usd = usd_field()
     # The model's maximum context, and what filled it: {"system": n, "skills": n, "user": n,
     # "assistant": n, "tool_observations": n, "compressed_summaries": n, "free": n}.
     context_window = models.IntegerField(null=True, blank=True)
@@ -46,6 +50,10 @@ class LLMCall(SpanRecordMixin):
     context_composition = models.JSONField(default=dict, blank=True)
     input_messages = models.JSONField(default=list, blank=True)
     output_messages = models.JSONField(default=list, blank=True)
+    # Per-message fingerprints of both, for diffs and findings without loading the messages
+    # (pipeline.ingest.normalise.digest).
+    input_digest = models.JSONField(default=list, blank=True)
+    output_digest = models.JSONField(default=list, blank=True)
     finish_reason = models.CharField(max_length=64, blank=True)
     # Token counts still to compute after the ingest response (see pipeline.ingest.write.deferred).
     tokens_pending = models.BooleanField(default=False)
@@ -93,15 +101,30 @@ class ToolCall(SpanRecordMixin):
     tokens_pending = models.BooleanField(default=False)  # observation_tokens still to count
     tokens_estimated = models.BooleanField(default=False)  # observation_tokens estimated past the exact cap
     tokens_approximate = models.BooleanField(default=False)  # counted with an approximating tokenizer: "≈"
+    # What the observation cost the context: its tokens summed over the later LLM calls whose
+    # input carried it, how many did, and those tokens priced per call (None: no call priced).
+    # Kept at ingest from pipeline.models.carries (pipeline.ingest.write.tool_context).
+    context_tokens = models.BigIntegerField(default=0)  # a large result carried many times outgrows 2**31
+    context_carries = models.IntegerField(default=0)
+    context_cost_usd = models.DecimalField(max_digits=24, decimal_places=12, null=True, blank=True)
+    # The observation's tokens at each output level, {"brief": n, "standard": n, "full": n}, from
+    # the full result (a full observation or the artifact), counted after the response while
+    # `levels_pending` (pipeline.ingest.write.tool_levels); {} when the result could not be
+    # read, None for calls without a full result.
+    tokens_at_level = models.JSONField(null=True, blank=True)
+    levels_pending = models.BooleanField(default=False)
 
     class Meta:
         ordering = ["started_at"]
         constraints = [models.UniqueConstraint(fields=["trace_id", "span_id"], name="toolcall_unique_span")]
         indexes = [
             models.Index(fields=["id"], condition=models.Q(tokens_pending=True), name="tool_tokens_pending_idx"),
+            models.Index(fields=["id"], condition=models.Q(levels_pending=True), name="tool_levels_pending_idx"),
             models.Index(fields=["tool_name", "started_at"], name="tool_name_started_idx"),
             models.Index(fields=["started_at"], name="tool_started_idx"),
             models.Index(fields=["conversation", "started_at"], name="tool_conv_started_idx"),
+            # a result's tool calls, found by the calls that carried it (pipeline.ingest.write.tool_context)
+            models.Index(fields=["conversation", "tool_call_id"], name="tool_conv_call_id_idx"),
             models.Index(fields=["-started_at"], condition=models.Q(success=False), name="tool_failed_started_idx"),
         ]
 

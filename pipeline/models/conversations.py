@@ -5,6 +5,14 @@ from __future__ import annotations
 from django.db import models
 
 
+def usd_field() -> models.DecimalField:
+    """A USD amount, or null for "no price". Decimal, not float: genai-prices computes in Decimal,
+    and PostgreSQL keeps the column and its sums exact (SQLite holds 15 significant digits, which
+    Django rounds back on reading). 12 places keep a single token at any listed rate exact (rates
+    per million tokens carry at most 6 places); 30 digits leave room for sums of absurd counts."""
+    return models.DecimalField(max_digits=30, decimal_places=12, null=True, blank=True)
+
+
 class Status(models.TextChoices):
     RUNNING = "running", "Running"
     OK = "ok", "OK"
@@ -31,6 +39,10 @@ class Conversation(models.Model):
     error_count = models.PositiveIntegerField(default=0)
     input_tokens = models.BigIntegerField(default=0)
     output_tokens = models.BigIntegerField(default=0)
+    # Sum of its LLM calls' cost_usd (null when none has a price) and how many calls have no price:
+    # with both, a page says "partly priced" rather than passing a partial sum off as the total.
+    cost_usd = usd_field()
+    unpriced_call_count = models.PositiveIntegerField(default=0)
     # The seeds' ConversationMetrics, re-aggregated with the counters above: context compressions,
     # skill activations (and distinct skills), tool calls that needed a retry, and messages in
     # the conversation's history (user messages, model replies, tool results).
@@ -39,6 +51,13 @@ class Conversation(models.Model):
     unique_skill_count = models.PositiveIntegerField(default=0)
     retried_call_count = models.PositiveIntegerField(default=0)
     message_count = models.PositiveIntegerField(default=0)
+    # What pipeline.insight.findings finds in the conversation, counted ({code: n}, and their sum)
+    # for the list and the overview, which must not compute findings on every read. Refreshed
+    # after the ingest that changed the conversation, off the request path
+    # (pipeline.insight.finding_counts); `findings_stale` counts the changes since (0: current).
+    finding_counts = models.JSONField(default=dict, blank=True)
+    finding_count = models.PositiveIntegerField(default=0)
+    findings_stale = models.PositiveIntegerField(default=0)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -46,6 +65,7 @@ class Conversation(models.Model):
         indexes = [
             models.Index(fields=["-last_activity_at"], name="conv_last_activity_idx"),
             models.Index(fields=["started_at"], name="conv_started_idx"),
+            models.Index(fields=["id"], condition=models.Q(findings_stale__gt=0), name="conv_findings_stale_idx"),
         ]
 
     def __str__(self) -> str:
@@ -69,6 +89,8 @@ class Round(models.Model):
     error_count = models.PositiveIntegerField(default=0)
     input_tokens = models.BigIntegerField(default=0)
     output_tokens = models.BigIntegerField(default=0)
+    cost_usd = usd_field()  # as on Conversation
+    unpriced_call_count = models.PositiveIntegerField(default=0)
 
     class Meta:
         ordering = ["conversation", "started_at"]

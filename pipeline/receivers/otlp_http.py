@@ -33,6 +33,7 @@ from pipeline.ingest.decode import otlp
 from pipeline.ingest.service import Failed, IngestRequest, Kind, Outcome, Rejected
 from pipeline.ingest.write import deferred
 from pipeline.ingest.write.writer_threads import writer
+from pipeline.insight import finding_counts
 
 ADMITTED_KEY = "ctxlens.admitted_key"  # ASGI scope entry: the ApiKey otlp_router already admitted
 
@@ -125,6 +126,7 @@ async def _export(request: HttpRequest, logs: bool) -> HttpResponse:
         )
         reply = outcome_reply(outcome, content_type, logs)
     deferred.resume()  # once per process: token work an earlier process left unfinished
+    finding_counts.resume()  # ... and finding counts it left stale
     return http_response(reply)
 
 

@@ -47,6 +47,37 @@ export function updateTokensChart(chart, data) {
   chart.update("none");
 }
 
+// USD with enough digits for the cents and fractions of a cent LLM calls cost.
+const dollars = new Intl.NumberFormat(undefined, { style: "currency", currency: "USD", maximumSignificantDigits: 3 });
+export const formatUsd = (value) => (value === null || value === undefined ? "no price" : dollars.format(value));
+
+// Cost per minute (data.cost, null for a minute whose calls have no price: drawn as a gap).
+export function costChart(canvas, data) {
+  return new Chart(canvas, {
+    type: "bar",
+    data: {
+      labels: data.labels,
+      datasets: [{ label: "Cost (USD)", data: data.cost, backgroundColor: cssVar("--chart-cost") }],
+    },
+    options: base({
+      plugins: {
+        legend: { display: false },
+        tooltip: { callbacks: { label: (item) => `Cost: ${formatUsd(item.raw)}` } },
+      },
+      scales: {
+        x: { ticks: { maxTicksLimit: 8, maxRotation: 0 } },
+        y: { beginAtZero: true, ticks: { callback: formatUsd } },
+      },
+    }),
+  });
+}
+
+export function updateCostChart(chart, data) {
+  chart.data.labels = data.labels;
+  chart.data.datasets[0].data = data.cost;
+  chart.update("none");
+}
+
 export function histogramChart(canvas, data) {
   return new Chart(canvas, {
     type: "bar",

@@ -1,9 +1,11 @@
-// Overview: token chart, totals, active conversations, tools, compressions and errors, live.
+// Overview: token and cost charts, totals, models, active conversations, tools, compressions and errors, live.
 import { applyFragments, fetchFragments, flash, liveSocket, pageScript, readJSON, serialised } from "./live.js";
-import { tokensChart, updateTokensChart } from "./charts.js";
+import { costChart, tokensChart, updateCostChart, updateTokensChart } from "./charts.js";
 
 const url = pageScript(import.meta.url).dataset.fragments;
-const chart = tokensChart(document.getElementById("tokens-chart"), readJSON("tokens-chart-data"));
+const chartData = readJSON("tokens-chart-data");
+const chart = tokensChart(document.getElementById("tokens-chart"), chartData);
+const costs = costChart(document.getElementById("cost-chart"), chartData);
 let changedTools = false;
 
 const refresh = serialised(async () => {
@@ -12,6 +14,7 @@ const refresh = serialised(async () => {
   changedTools = false;
   applyFragments(json.fragments);
   updateTokensChart(chart, json.data.tokens_chart);
+  updateCostChart(costs, json.data.tokens_chart);
   if (toolsChanged) flash(document.querySelectorAll("#overview-tools tbody tr"));
 });
 

@@ -15,6 +15,8 @@ PATHS = {
     "/api/ingest/": "post",
     "/api/conversations/": "get",
     "/api/conversations/{id}/": "get",
+    "/api/llm-calls/{id}/": "get",
+    "/api/conversations/{id}/findings/": "get",
     "/api/tools/stats/": "get",
     "/api/compressions/": "get",
     "/api/compressions/{id}/": "get",
@@ -74,7 +76,23 @@ def test_the_tool_stats_operation_lists_its_figures_and_filters(schema):
 
     assert {p["name"] for p in get["parameters"]} >= {"since", "until", "window", "conversation", "tool"}
     assert {"tool_name", "calls", "successes", "failures", "success_rate", "retries", "cache_hits", "cache_hit_rate", "avg_duration_ms",
-            "p50_duration_ms", "p95_duration_ms", "avg_observation_tokens", "total_observation_tokens"} == set(figures)
+            "p50_duration_ms", "p95_duration_ms", "avg_observation_tokens", "total_observation_tokens",
+            "context_tokens", "context_cost_usd", "avg_context_carries", "level_calls", "tokens_at_level",
+            "level_savings"} == set(figures)
+
+
+def test_the_tool_stats_schema_documents_the_context_cost_and_the_level_what_if(schema):
+    components = schema["components"]["schemas"]
+    figures = components["ToolStats"]["properties"]
+
+    assert figures["context_cost_usd"]["nullable"] is True and "carried" in figures["context_tokens"]["description"]
+    assert set(components["TokensAtLevel"]["properties"]) == {"brief", "standard", "full"}
+    assert set(components["LevelSavings"]["properties"]) == {"brief", "standard", "full"}
+    assert set(components["LevelSaving"]["properties"]) == {"tokens", "cost_usd"}
+    assert components["LevelSaving"]["properties"]["cost_usd"]["nullable"] is True
+    tool_call = components["ToolCall"]["properties"]
+    assert {"context_tokens", "context_carries", "context_cost_usd", "tokens_at_level"} <= set(tool_call)
+    assert tool_call["tokens_at_level"]["allOf"] == [{"$ref": "#/components/schemas/TokensAtLevel"}]
 
 
 def test_the_bearer_key_is_the_documented_security_scheme(schema):
@@ -91,3 +109,19 @@ def test_the_schema_needs_a_key_or_a_session(db, bob):
     session = APIClient()
     session.force_login(bob)
     assert session.get("/api/schema/").status_code == 200
+
+
+def test_an_llm_call_documents_its_diff(schema):
+    components = schema["components"]["schemas"]
+    get = schema["paths"]["/api/llm-calls/{id}/"]["get"]
+    assert get["responses"]["200"]["content"]["application/json"]["schema"] == {
+        "$ref": "#/components/schemas/LLMCallDetail"}
+    assert {"404", "401", "403"} <= set(get["responses"])
+    assert {"id", "conversation", "round", "input_messages", "output_messages", "context_composition",
+            "diff"} <= set(components["LLMCallDetail"]["properties"])
+    assert set(components["CallDiff"]["properties"]) == {
+        "previous_call_id", "kept_prefix_messages", "kept_prefix_tokens", "added", "removed", "changed",
+        "token_delta", "token_delta_by_category", "cache_break", "cache_break_reason", "uncacheable_tokens"}
+    assert set(components["DiffMessage"]["properties"]) == {"index", "role", "category", "tokens"}
+    assert set(components["ChangedMessage"]["properties"]) == {
+        "index", "role", "category", "tokens", "previous_index", "previous_tokens"}

@@ -56,7 +56,8 @@ def object_ids(demo) -> dict[str, dict[str, str]]:
     artifact = {"artifact_id": demo.artifact.artifact_id}
     return {
         "conversation": conversation, "conversation-fragments": conversation, "api:conversation-detail": conversation,
-        "llm-call": {"pk": str(demo.llm_calls[0].pk)},
+        "llm-call": {"pk": str(demo.llm_calls[0].pk)}, "api:llm-call-detail": {"pk": str(demo.llm_calls[0].pk)},
+        "api:conversation-findings": conversation, "api:round-spans": {"pk": str(demo.rounds[0].pk)},
         "compression": compression, "api:compression-detail": compression,
         "artifact": artifact, "api:artifact-detail": artifact, "api:artifact-content": artifact,
     }

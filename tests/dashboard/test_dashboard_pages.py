@@ -94,7 +94,8 @@ def test_overview_fragments_render_the_same_partials_as_the_page(client_alice, d
     page = client_alice.get(reverse("overview")).content.decode()
     data = client_alice.get(reverse("overview-fragments")).json()
     assert set(data["fragments"]) == {"overview-totals", "overview-active", "overview-tools",
-                                      "overview-compressions", "overview-errors"}
+                                      "overview-compressions", "overview-errors", "overview-models",
+                                      "overview-findings"}
     for key, html in data["fragments"].items():
         assert f'id="{key}"' in html
         assert html.strip() in page
@@ -179,7 +180,8 @@ def test_conversation_fragments_render_requested_rounds_of_that_conversation_onl
     url = reverse("conversation-fragments", args=[demo.conversation.pk])
     ids = f"{demo.rounds[1].pk},{other.rounds[0].pk}"
     data = client_alice.get(url, {"rounds": ids}).json()
-    assert set(data["fragments"]) == {"conversation-header", "conversation-compressions", f"round-{demo.rounds[1].pk}"}
+    assert set(data["fragments"]) == {"conversation-header", "conversation-compressions", "conversation-findings",
+                                      f"round-{demo.rounds[1].pk}"}
     assert "Turn 2" in data["fragments"][f"round-{demo.rounds[1].pk}"]
     assert data["data"]["context_chart"]["ids"] == [c.pk for c in demo.llm_calls]
     whole = client_alice.get(url, {"timeline": "1"}).json()
@@ -187,8 +189,8 @@ def test_conversation_fragments_render_requested_rounds_of_that_conversation_onl
     assert client_alice.get(url, {"rounds": "1,x"}).status_code == 400
     # Ids no row can have name nothing (SQLite cannot even compare them): no 500.
     huge = client_alice.get(url, {"rounds": f"{2**64},-1,0"})
-    assert huge.status_code == 200 and set(huge.json()["fragments"]) == {"conversation-header",
-                                                                          "conversation-compressions"}
+    assert huge.status_code == 200 and set(huge.json()["fragments"]) == {
+        "conversation-header", "conversation-compressions", "conversation-findings"}
     assert client_alice.get(reverse("conversation-fragments", args=[999999])).status_code == 404
 
 

@@ -48,10 +48,14 @@ URLS: dict[str, Url] = {
         lambda d: reverse("conversation-fragments", args=[d.conversation.pk]) + "?timeline=1&all=1"),
     "api conversations": lambda d: "/api/conversations/?search=weather",
     "api conversation": lambda d: f"/api/conversations/{d.conversation.pk}/",
+    "api llm call": lambda d: f"/api/llm-calls/{d.llm_calls[-1].pk}/",
     "api compressions": lambda d: "/api/compressions/",
     "api compression": lambda d: f"/api/compressions/{d.compression.pk}/",
     "api artifacts": lambda d: "/api/artifacts/",
     "api tool stats": lambda d: "/api/tools/stats/",
+    "api model stats": lambda d: "/api/models/stats/",
+    "api conversation findings": lambda d: f"/api/conversations/{d.conversation.pk}/findings/",
+    "api round spans": lambda d: f"/api/rounds/{d.rounds[-1].pk}/spans/",
 }
 
 

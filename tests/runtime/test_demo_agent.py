@@ -64,6 +64,16 @@ def check_stored_demo(artifact_dir) -> None:
     assert all(c.context_composition and c.input_tokens > 0 for c in windows)
 
 
+def check_demo_findings() -> None:
+    """The real loop keeps the tool-calling protocol and explains every cache break with a
+    compression: its only findings are the artifact reads that fill over a third of gpt-4's 8k window."""
+    from pipeline.insight.findings import conversation_findings
+
+    found = [(f.code, f.severity, ToolCall.objects.get(pk=f.tool_call).tool_name)
+             for conversation in Conversation.objects.order_by("pk") for f in conversation_findings(conversation)]
+    assert found == [("oversized_observation", "warning", "read_artifact")] * 3
+
+
 @pytest.mark.django_db(transaction=True)
 def test_demo_agent_stores_rounds_tool_calls_artifacts_skills_and_compressions(artifact_dir):
     out = StringIO()
@@ -72,6 +82,7 @@ def test_demo_agent_stores_rounds_tool_calls_artifacts_skills_and_compressions(a
     assert "Demo: 5 conversations, 11 rounds, 26 tool calls (3 failed, 4 retries), 2 artifacts" in output
     assert "spans sent to the store" in output and str(artifact_dir) not in output
     check_stored_demo(artifact_dir)
+    check_demo_findings()
     assert set(Span.objects.values_list("source", flat=True)) == {"pipeline"}
 
 

@@ -40,6 +40,8 @@ def test_environment_values_parse(monkeypatch):
     [
         ("CTXLENS_COMPRESSION_THRESHOLD", 1.5, "pipeline.E006"),
         ("CTXLENS_COMPRESSION_THRESHOLD", 0, "pipeline.E006"),
+        ("CTXLENS_OVERSIZED_OBSERVATION_RATIO", 0, "pipeline.E073"),
+        ("CTXLENS_OVERSIZED_OBSERVATION_RATIO", 1.5, "pipeline.E073"),
         ("CTXLENS_MAX_INGEST_BYTES", 0, "pipeline.E004"),
         ("CTXLENS_ARTIFACT_THRESHOLD_BYTES", -1, "pipeline.E001"),
         ("CTXLENS_SAMPLING", "sometimes", "pipeline.E007"),

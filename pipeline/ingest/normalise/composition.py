@@ -24,14 +24,15 @@ ROLE_CATEGORY = {"system": "system", "user": "user", "assistant": "assistant", "
 USED_CATEGORIES = ("system", "skills", "user", "assistant", "tool_observations", "compressed_summaries")
 
 
-def _category(message: Message) -> str:
+def category_of(message: Message) -> str:
+    """The context category a message counts under, by its role."""
     return ROLE_CATEGORY.get(str(message.get("role", "")), "user")
 
 
 def _by_category(messages: list[Message], measure: Callable[[str], int]) -> dict[str, int]:
     sizes = dict.fromkeys(USED_CATEGORIES, 0)
     for message in messages:
-        sizes[_category(message)] += measure(message_text(message))
+        sizes[category_of(message)] += measure(message_text(message))
     return sizes
 
 
@@ -51,5 +52,5 @@ def composition_from_counts(
     the span reported some (then they are the truth and only the split is ours)."""
     used = dict.fromkeys(USED_CATEGORIES, 0)
     for message, tokens in zip(messages, per_message, strict=True):
-        used[_category(message)] += tokens
+        used[category_of(message)] += tokens
     return _with_free(scale_to_total(used, input_tokens) if input_tokens else used, window)

@@ -18,6 +18,7 @@ from typing import Any
 from pipeline import semconv as sc
 from pipeline.ingest.normalise import messages as msg
 from pipeline.ingest.normalise.composition import composition_from_sizes
+from pipeline.ingest.normalise.digest import message_digest
 from pipeline.ingest.normalise.payloads import (
     tool_arguments,
     tool_call_id_from_payloads,
@@ -260,6 +261,8 @@ def llm_fields(record: SpanRecord) -> dict[str, Any]:
         "tokens_approximate": attrs.get(sc.TOKENS_APPROXIMATE) is True,
         "input_messages": input_messages,
         "output_messages": output_messages,
+        "input_digest": message_digest(input_messages),
+        "output_digest": message_digest(output_messages),
         "finish_reason": _finish_reason(attrs, output_messages),
         # Tokenising left for after the response (pipeline.ingest.write.deferred): only what the span
         # did not count itself.

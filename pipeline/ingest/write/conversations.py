@@ -27,7 +27,7 @@ from typing import Any
 
 from django.db import IntegrityError, connection
 
-from pipeline.ingest.write import sql
+from pipeline.ingest.write import sql, tool_context
 from pipeline.ingest.normalise.messages import last_text
 from pipeline.ingest.normalise.span import NormalisedSpan
 from pipeline.models import (
@@ -40,6 +40,7 @@ from pipeline.models import (
     Span,
     Status,
     ToolCall,
+    ToolResultCarry,
 )
 
 PROFILE_FIELDS = ("agent_name", "user_id", "service_name")
@@ -49,7 +50,7 @@ CONVERSATION_WIDENED = ["started_at", "last_activity_at", "title", "title_explic
 ROUND_COLUMNS = ("id", "conversation_id", "key", "trace_id", "user_message", "final_answer", "status",
                  "started_at", "ended_at", "duration_ms")
 ROUND_WIDENED = ["started_at", "ended_at", "duration_ms", "user_message", "final_answer", "status"]
-CONVERSATION_ROWS = (Round, LLMCall, ToolCall, CompressionEvent, SkillActivation, Span, Artifact)
+CONVERSATION_ROWS = (Round, LLMCall, ToolCall, CompressionEvent, SkillActivation, Span, Artifact, ToolResultCarry)
 
 
 def _group_by(items: Iterable[NormalisedSpan], key: Callable[[NormalisedSpan], Any]) -> dict[Any, list[NormalisedSpan]]:
@@ -174,6 +175,7 @@ def merge_conversation(placeholder_id: int, into: Conversation) -> None:
     if not rows or placeholder_id == into.id:
         return
     placeholder = sql.instances(Conversation, CONVERSATION_COLUMNS, rows)[0]
+    results = tool_context.results_in(placeholder_id)
     select_keys = f"SELECT {sql.quote('key')}, id FROM {sql.table(Round)} WHERE conversation_id = %s"
     taken = dict(sql.fetch(select_keys, [into.id]))
     for key, round_id in sql.fetch(select_keys, [placeholder_id]):
@@ -185,6 +187,7 @@ def merge_conversation(placeholder_id: int, into: Conversation) -> None:
         sql.execute(f"UPDATE {sql.table(model)} SET conversation_id = %s WHERE conversation_id = %s",
                     [into.id, placeholder_id])
     sql.execute(f"DELETE FROM {sql.table(Conversation)} WHERE id = %s", [placeholder_id])  # nothing refers to it now
+    tool_context.update_after_merge(into.id, results)
     into.started_at = min(into.started_at, placeholder.started_at)
     into.last_activity_at = max(into.last_activity_at, placeholder.last_activity_at)
     for name in PROFILE_FIELDS:

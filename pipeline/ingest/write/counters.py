@@ -29,6 +29,9 @@ def _recompute_rounds(round_ids: list[int]) -> None:
         f"llm_call_count = (SELECT COUNT(*) {of_llm}), "
         f"input_tokens = (SELECT COALESCE(SUM(x.input_tokens), 0) {of_llm}), "
         f"output_tokens = (SELECT COALESCE(SUM(x.output_tokens), 0) {of_llm}), "
+        # SUM skips the unpriced calls, and is NULL when no call has a price
+        f"cost_usd = (SELECT SUM(x.cost_usd) {of_llm}), "
+        f"unpriced_call_count = (SELECT COUNT(*) {of_llm} AND x.cost_usd IS NULL), "
         f"tool_call_count = (SELECT COUNT(*) {of_tool}), "
         f"error_count = (SELECT COUNT(*) {of_llm} AND x.status = 'error') "
         f"+ (SELECT COUNT(*) {of_tool} AND x.success = %s) "
@@ -54,6 +57,8 @@ def _recompute_conversations(conversation_ids: list[int]) -> None:
         f"error_count = (SELECT COALESCE(SUM(x.error_count), 0) {of_rounds}), "
         f"input_tokens = (SELECT COALESCE(SUM(x.input_tokens), 0) {of_rounds}), "
         f"output_tokens = (SELECT COALESCE(SUM(x.output_tokens), 0) {of_rounds}), "
+        f"cost_usd = (SELECT SUM(x.cost_usd) {of_rounds}), "
+        f"unpriced_call_count = (SELECT COALESCE(SUM(x.unpriced_call_count), 0) {of_rounds}), "
         f"compression_count = (SELECT COUNT(*) {of_compressions}), "
         f"skill_activation_count = (SELECT COUNT(*) {of_skills}), "
         f"unique_skill_count = (SELECT COUNT(DISTINCT x.skill_name) {of_skills}), "

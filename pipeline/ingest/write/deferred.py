@@ -2,8 +2,8 @@
 
 Rows that arrive without token counts are stored with `tokens_pending=True`: LLM calls with
 messages but without usage counts, and tool calls without `ctxlens.tool.observation_tokens`.
-`complete_some()` tokenises a chunk of them (`pipeline.tokens.counting.count_tokens`), fills the counts
-and the context composition, clears the flag, re-aggregates the touched rounds and sends
+`complete_some()` tokenises a chunk of them (`pipeline.tokens.counting.count_tokens`), fills the counts,
+the context composition and the cost, clears the flag, re-aggregates the touched rounds and sends
 `ingest_committed` again. `schedule()` counts on a thread of its own and queues only the write
 on the ingest writer thread, after every ingest commit that left pending rows (normally done
 well within a second). A message is tokenised exactly up to MAX_EXACT_CHARS; past that the
@@ -18,6 +18,10 @@ writes the counts only of rows whose content is unchanged, counting the others a
 
 LLM calls that report their input token count get their composition while being ingested
 (pipeline.ingest.normalise.composition); only calls without counts are tokenised here.
+
+The same runs count each tool call's tokens at every output level (pipeline.ingest.write.tool_levels),
+and bring the context cost of the tool results a call carried up to date once its input tokens
+are known (pipeline.ingest.write.tool_context).
 """
 
 from __future__ import annotations
@@ -32,9 +36,11 @@ from typing import Any
 from django.db import OperationalError, connections, transaction
 
 from pipeline.ingest.normalise.composition import composition_from_counts
-from pipeline.ingest.write import sql
+from pipeline.ingest.write import sql, tool_context, tool_levels
 from pipeline.ingest.write.sql import update_rows
 from pipeline.ingest.write.writer_threads import writer
+from pipeline.insight.costs import price_llm_call
+from pipeline.insight.finding_counts import mark_stale
 from pipeline.models import Conversation, LLMCall, ToolCall
 from pipeline.signals import empty_changes, ingest_committed
 from pipeline.tokens.counting import MessageCounts
@@ -46,9 +52,12 @@ CHUNK = 200
 
 LLM_COLUMNS = ("id", "model", "round_id", "conversation_id", "input_messages", "output_messages", "input_tokens",
                "output_tokens", "total_tokens", "context_window", "context_tokens", "context_composition",
-               "tokens_estimated", "tokens_approximate")
+               "tokens_estimated", "tokens_approximate",
+               # what pricing reads besides (pipeline.insight.costs.PricedCall)
+               "request_model", "provider", "cache_read_tokens", "cache_write_tokens", "reasoning_tokens", "started_at",
+               "cost_usd")
 LLM_FILLED = ["input_tokens", "output_tokens", "total_tokens", "context_window", "context_tokens",
-              "context_composition", "tokens_estimated", "tokens_approximate", "tokens_pending"]
+              "context_composition", "tokens_estimated", "tokens_approximate", "cost_usd", "tokens_pending"]
 # What the counts are computed from: a row whose content changed after it was counted is counted again.
 LLM_CONTENT = ("model", "input_messages", "output_messages", *LLM_FILLED[:-1])
 TOOL_COLUMNS = ("id", "round_id", "conversation_id", "observation", "observation_tokens", "tokens_estimated",
@@ -91,6 +100,7 @@ def _count_llm_call(call: LLMCall) -> tuple[int, int]:
         )
         call.context_window = window
         call.tokens_approximate = call.tokens_approximate or counted_in.approximate
+    call.repriced = price_llm_call(call)  # the cost of the counts just filled in
     call.tokens_pending = False
     return added_in, added_out
 
@@ -117,10 +127,11 @@ class Counted:
     calls: list[LLMCall]
     tools: list[ToolCall]
     read: dict[tuple[str, int], tuple] = field(default_factory=dict)
+    levels: list[ToolCall] = field(default_factory=list)  # tool calls with their tokens at each output level
 
     @property
     def full(self) -> bool:
-        return len(self.calls) == CHUNK or len(self.tools) == CHUNK
+        return CHUNK in (len(self.calls), len(self.tools), len(self.levels))
 
 
 def count_some() -> Counted:
@@ -134,6 +145,7 @@ def count_some() -> Counted:
     for tool in tools:
         counted.read[("tool", tool.pk)] = _tool_content(tool)
         _guarded_count(tool, _count_tool_call, None)
+    counted.levels = tool_levels.count_some(CHUNK)
     return counted
 
 
@@ -160,7 +172,7 @@ def _current(counted: Counted) -> tuple[list[LLMCall], list[ToolCall]]:
             done = before[call.pk]
             for name in LLM_FILLED:
                 setattr(call, name, getattr(done, name))
-            call.added = done.added
+            call.added, call.repriced = done.added, getattr(done, "repriced", False)
         else:
             call.added = _guarded_count(call, _count_llm_call, (0, 0))
     before_tools = {t.pk: t for t in counted.tools}
@@ -179,7 +191,7 @@ def _current(counted: Counted) -> tuple[list[LLMCall], list[ToolCall]]:
 def _any_still_pending(counted: Counted) -> bool:
     return LLMCall.objects.filter(pk__in=[c.pk for c in counted.calls], tokens_pending=True).exists() or (
         ToolCall.objects.filter(pk__in=[t.pk for t in counted.tools], tokens_pending=True).exists()
-    )
+    ) or tool_levels.any_pending(counted.levels)
 
 
 def write_counted(counted: Counted) -> None:
@@ -191,18 +203,21 @@ def write_counted(counted: Counted) -> None:
     if not _any_still_pending(counted):  # another run (PostgreSQL has several writer threads) wrote them
         return
     with transaction.atomic():
-        sql.lock_rows(Conversation, {row.conversation_id for row in (*counted.calls, *counted.tools)})
+        sql.lock_rows(Conversation, {row.conversation_id for row in (*counted.calls, *counted.tools, *counted.levels)})
         calls, tools = _current(counted)
         # a placeholder merged meanwhile moved rows to another conversation: lock that one too
         sql.lock_rows(Conversation, {row.conversation_id for row in (*calls, *tools)})
         update_rows(LLMCall, calls, LLM_FILLED)
         update_rows(ToolCall, tools, TOOL_FILLED)
+        tool_context.update_for_calls(c.pk for c in calls if c.added[0])
+        leveled = tool_levels.write(counted.levels)
         added_in = sum(c.added[0] for c in calls)
         added_out = sum(c.added[1] for c in calls)
-        rounds = {row.round_id for row in (*calls, *tools) if row.round_id}
-        conversations = {row.conversation_id for row in (*calls, *tools)}
-        if added_in or added_out:
+        rounds = {row.round_id for row in (*calls, *tools, *leveled) if row.round_id}
+        conversations = {row.conversation_id for row in (*calls, *tools, *leveled)}
+        if added_in or added_out or any(getattr(c, "repriced", False) for c in calls):
             recompute_counters(rounds, conversations)
+        mark_stale(conversations)  # token counts decide findings (oversized observations, a full window)
         changes = empty_changes()
         changes.update(round_ids=sorted(rounds), conversation_ids=sorted(conversations),
                        input_tokens=added_in, output_tokens=added_out)
@@ -213,7 +228,7 @@ def complete_some(write: Callable[[Counted], None] = write_counted) -> bool:
     """Fill one chunk of pending token counts; True when a chunk was full (there may be more).
     `write` runs the transaction (the background runner hands it to the writer thread)."""
     counted = count_some()
-    if not counted.calls and not counted.tools:
+    if not counted.calls and not counted.tools and not counted.levels:
         return False
     write(counted)
     return counted.full

@@ -26,6 +26,7 @@ from pipeline.ingest.normalise.span import llm_fields
 from pipeline.ingest.records import LogRecord, SpanRecord
 from pipeline.ingest.write.rows import jsonable
 from pipeline.ingest.write.sql import update_rows
+from pipeline.insight.costs import price_llm_call
 from pipeline.ingest.normalise.values import json_dict, present, to_text
 from pipeline.models import LLMCall, Span, SpanLog
 
@@ -37,8 +38,12 @@ ROLE_EVENTS = {
 }
 GENAI_EVENTS = {DETAILS, CHOICE, *ROLE_EVENTS}
 # What a call's log messages decide; the rest of the call is its span's.
-REBUILT_FIELDS = ["input_messages", "output_messages", "finish_reason", "input_tokens", "output_tokens",
-                  "total_tokens", "context_window", "context_tokens", "context_composition", "tokens_pending"]
+REBUILT_FIELDS = ["input_messages", "output_messages", "input_digest", "output_digest", "finish_reason",
+                  "input_tokens", "output_tokens", "total_tokens", "context_window", "context_tokens", "context_composition",
+                  "tokens_pending", "cost_usd"]
+# What pricing reads of a call besides the rebuilt counts (pipeline.insight.costs.PricedCall).
+PRICED_FIELDS = ("model", "request_model", "provider", "cache_read_tokens", "cache_write_tokens", "reasoning_tokens",
+                 "started_at", "cost_usd")
 
 
 def save_logs(logs: Iterable[LogRecord]) -> int:
@@ -125,7 +130,7 @@ def apply_logs(trace_ids: set[str]) -> tuple[set[int], set[int]]:
         logs_by_trace[log.trace_id].append(log)
     calls_by_trace: dict[str, list[LLMCall]] = defaultdict(list)
     for call in LLMCall.objects.filter(trace_id__in=list(logs_by_trace)).only(
-        "id", "trace_id", "span_id", "round_id", "conversation_id", "input_messages", "output_messages",
+        "id", "trace_id", "span_id", "round_id", "conversation_id", "input_messages", "output_messages", *PRICED_FIELDS,
     ).order_by("started_at", "id"):
         calls_by_trace[call.trace_id].append(call)
 
@@ -154,8 +159,8 @@ def _rebuild(rebuilt: dict[tuple[str, str], tuple[LLMCall, list[msg.Message], li
     """The LLM fields of each call as if its span had carried the messages from its logs.
 
     Token counts, context composition and finish reason are derived again from the span and
-    the messages (pipeline.ingest.normalise.span.llm_fields), so nothing stays computed from an
-    earlier, shorter set of messages.
+    the messages (pipeline.ingest.normalise.span.llm_fields), and the cost from the counts, so
+    nothing stays computed from an earlier, shorter set of messages.
     """
     spans: list[tuple[str, str, dict[str, Any]]] = []
     for chunk in sql.chunked(sorted(rebuilt)):
@@ -175,6 +180,7 @@ def _rebuild(rebuilt: dict[tuple[str, str], tuple[LLMCall, list[msg.Message], li
         for name, value in llm_fields(record).items():
             if name in REBUILT_FIELDS:
                 setattr(call, name, value)
+        price_llm_call(call)  # the counts may have changed with the messages
         changed.append(call)
     update_rows(LLMCall, sorted(changed, key=lambda c: c.pk), REBUILT_FIELDS)
     return changed

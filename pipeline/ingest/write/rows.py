@@ -19,6 +19,7 @@ from pipeline.ingest.write.artifacts import store_observation_artifacts
 from pipeline.ingest.write.linking import RoundRows, link_compressions
 from pipeline.ingest.normalise.span import NormalisedSpan
 from pipeline.ingest.write.sanitise import clamp_integers
+from pipeline.insight.costs import price_llm_call
 from pipeline.models import CompressionEvent, Conversation, LLMCall, Round, SkillActivation, Span, ToolCall
 
 ROW_MODELS = (Span, LLMCall, ToolCall, CompressionEvent, SkillActivation)
@@ -95,7 +96,9 @@ def build_rows(
             "status": s.status, "error_type": s.error_type, "error_message": s.error_message,
         }
         if s.llm is not None:
-            out["llm"].append(LLMCall(**common, **timing, **s.llm))
+            call = LLMCall(**common, **timing, **s.llm)
+            price_llm_call(call)
+            out["llm"].append(call)
         elif s.tool is not None:
             fields = dict(s.tool)
             fields.pop("artifact_ref")

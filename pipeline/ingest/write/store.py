@@ -7,7 +7,8 @@ One transaction per call: all accepted spans are stored or none. Idempotent on
 (first write wins), except that an unfinished span (end time 0, e.g. a REST round start)
 is replaced by its finished version. After the commit, `pipeline.signals.ingest_committed`
 is sent once with the IngestChanges, and token counts the spans did not carry are computed
-in the background (`pipeline.ingest.write.deferred`).
+in the background (`pipeline.ingest.write.deferred`), as are the touched conversations' finding
+counts (`pipeline.insight.finding_counts`).
 
 Invalid spans (ids of the wrong length, no start time, a time more than MAX_AHEAD_NS past the
 server's clock) are rejected one by one and reported in `rejected` / `error_message`; the rest
@@ -32,6 +33,8 @@ from django.db import IntegrityError, OperationalError, transaction
 
 from pipeline.ingest.write import deferred
 from pipeline.ingest.write import sql
+from pipeline.ingest.write import tool_context
+from pipeline.ingest.write.tool_levels import mark_pending
 from pipeline.ingest.write.counters import recompute_counters
 from pipeline.ingest.write.linking import RoundRows, relink_stored
 from pipeline.ingest.write.logs import apply_logs, save_logs
@@ -41,6 +44,7 @@ from pipeline.ingest.write.rows import build_rows, delete_span_rows, insert_rows
 from pipeline.ingest.write.sanitise import INT64_MAX, clean_log, clean_record
 from pipeline.ingest.write.sql import update_rows
 from pipeline.ingest.write.conversations import resolve_conversations, resolve_rounds
+from pipeline.insight.finding_counts import mark_stale
 from pipeline.models import Round, Span
 from pipeline.signals import IngestChanges, empty_changes, ingest_committed
 
@@ -177,9 +181,10 @@ def _store(
         rows = build_rows(fresh, conversations, rounds, source)
         insert_rows(fresh, rows, links, stored_rounds)
         update_rows(Round, links.fill_final_answers(rounds.values()), ["final_answer"])
-        pending = pending or any(row.tokens_pending for row in (*rows["llm"], *rows["tool"])) or any(
-            tool.tokens_pending for tool in links.changed_tools.values()
-        )
+        tool_context.update_tool_context(rows["llm"], tool_context.tool_keys([*rows["tool"], *links.changed_tools.values()]))
+        pending = mark_pending(rows["tool"]) or pending or any(
+            row.tokens_pending for row in (*rows["llm"], *rows["tool"])
+        ) or any(tool.tokens_pending for tool in links.changed_tools.values())
         conversation_ids = {c.id for c in conversations.values()}
         changes["new_conversation_ids"] = sorted(created)
         changes["llm_call_ids"] = [c.id for c in rows["llm"]]
@@ -195,9 +200,11 @@ def _store(
         logged_rounds, logged_conversations = apply_logs(touched_traces)
         if logged_rounds:
             relink_stored(logged_rounds, Round.objects.filter(id__in=logged_rounds).only("id", "final_answer"))
+            tool_context.update_for_rounds(logged_rounds)
         round_ids |= logged_rounds
         conversation_ids |= logged_conversations
     recompute_counters(round_ids, conversation_ids)
+    mark_stale(conversation_ids)  # their finding counts are refreshed after the commit
     changes["round_ids"] = sorted(round_ids)
     changes["conversation_ids"] = sorted(conversation_ids)
     return changes, len(fresh), duplicates, pending

@@ -14,6 +14,7 @@ import time
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from pipeline.adapters import in_process_telemetry, tool_adapters
+from pipeline.insight import finding_counts
 from pipeline.runtime.demo.scenario import run_demo
 from pipeline.runtime.telemetry.config import ObservabilityConfig, parse_header_options
 from pipeline.runtime.telemetry.spans import Telemetry
@@ -60,6 +61,11 @@ class Command(BaseCommand):
         finally:
             tool_logger.setLevel(level)
             telemetry.shutdown()  # flushes every destination
+        if not no_store:
+            # The demo's finding counts now, in this thread: a background refresh would still be
+            # running when the command exits.
+            finding_counts.stop()
+            finding_counts.refresh_stale()
         where = " and ".join(filter(None, ["the store" if not no_store else "", "OTLP" if otlp_endpoint else ""]))
         self.stdout.write(self.style.SUCCESS(
             f"Demo: {report.line()} in {time.monotonic() - started:.1f} s; spans sent to {where}."

@@ -1,0 +1,212 @@
+"""What the insight checks read of a conversation's calls: a few columns and the digests, and
+which call each call follows.
+
+Streams. One conversation can hold several streams of LLM calls: the agent's own loop, a tool
+that calls a model itself (to summarise a page, say), a sub-agent, or the same call recorded
+twice (a framework's span and the provider SDK's span inside it). "The previous call" of a call
+is therefore not the one just before it in time but the latest earlier call of its stream
+(`read_streams`): the one whose input it extends, or failing that the latest that starts with
+the same first message (the system prompt, or the first user message); failing that, the call
+just before it in time when the two share a message (a stream whose system prompt was edited);
+else none: the call opens a stream of its own. Only the STREAM_LOOKBACK latest calls with the
+same first message are looked at, so a call costs a dict look-up and a few prefix comparisons.
+
+Reading. An LLM call's input digest lists every message the call saw, so a conversation's
+inputs together hold each message once per call that sees it: quadratic in its length.
+`read_streams` reads an input whose JSON text extends an earlier input's (the same entries,
+serialised the same way, then more) as the earlier entries plus the decoded additions, so only
+what is new is decoded; the text comparison itself runs in C. Django's json.dumps (SQLite) and
+PostgreSQL's jsonb text both print an entry the same way every time, which is all the comparison
+needs; an input that extends no earlier input (a compression, an edit, a new stream) is decoded
+whole.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import defaultdict, deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from django.db.models import Q, TextField
+from django.db.models.functions import Cast
+
+from pipeline.insight.diff import Compressions, extends, shares_a_message
+from pipeline.models import CompressionEvent, LLMCall, ToolCall
+
+TOOL_FIELDS = ("round_id", "llm_call_id", "started_at", "tool_name", "tool_call_id", "arguments",
+               "observation_tokens", "success", "error_type", "error_code", "error_message", "retry_count")
+STREAM_LOOKBACK = 16  # earlier calls with the same first message a call may follow
+
+Entry = dict[str, Any]
+_DECODER = json.JSONDecoder()
+_ARRAY_START = re.compile(r"\s*\[\s*")
+
+
+@dataclass(slots=True, eq=False)
+class CallRow:
+    """What the checks read of an LLM call, and the call it follows in its stream (`previous`,
+    None: it opens a stream). `added` holds the digest entries its input adds to `previous`'s when
+    it extends that input, else None."""
+
+    pk: int
+    started_at: datetime
+    input_tokens: int
+    round_id: int | None = None
+    model: str = ""
+    context_tokens: int | None = None
+    context_window: int | None = None
+    output: list[Entry] = field(default_factory=list)
+    input: list[Entry] = field(default_factory=list)
+    added: list[Entry] | None = None
+    previous: CallRow | None = field(default=None, repr=False)
+
+
+@dataclass(slots=True)
+class ToolRow:
+    """What the checks read of a tool call: no observation, only its counted tokens."""
+
+    pk: int
+    round_id: int | None
+    llm_call_id: int | None
+    started_at: datetime
+    tool_name: str
+    tool_call_id: str
+    arguments: Any
+    observation_tokens: int
+    success: bool
+    error_type: str
+    error_code: str
+    error_message: str
+    retry_count: int
+
+
+def _input_text() -> Cast:
+    return Cast("input_digest", TextField())  # decoded by read_streams, only what is new
+
+
+def read_conversation(conversation_id: int) -> tuple[list[CallRow], list[ToolRow], Compressions]:
+    """The conversation's LLM calls and tool calls in time order, with their inputs and streams
+    read, and its compressions: three queries."""
+    rows = (LLMCall.objects.filter(conversation_id=conversation_id).order_by("started_at", "id")
+            .annotate(input_text=_input_text())
+            .values_list("id", "started_at", "input_tokens", "round_id", "model", "context_tokens", "context_window",
+                         "output_digest", "input_text"))
+    calls, texts = [], []
+    for *columns, output, text in rows:
+        calls.append(CallRow(*columns, entries(output)))
+        texts.append(text)
+    read_streams(calls, texts)
+    tools = [ToolRow(*row) for row in ToolCall.objects.filter(conversation_id=conversation_id)
+             .order_by("started_at", "id").values_list("id", *TOOL_FIELDS)]
+    return calls, tools, read_compressions(conversation_id)
+
+
+def read_inputs_until(call: LLMCall, latest: int | None = None) -> list[CallRow]:
+    """The LLM calls of `call`'s conversation up to `call` itself (only the `latest` of them, when
+    given), in time order, with their inputs and streams read (no outputs): one query."""
+    up_to = Q(started_at__lt=call.started_at) | Q(started_at=call.started_at, pk__lte=call.pk)
+    rows = (LLMCall.objects.filter(up_to, conversation_id=call.conversation_id).order_by("-started_at", "-id")
+            .annotate(input_text=_input_text()).values_list("id", "started_at", "input_tokens", "input_text"))
+    calls, texts = [], []
+    for pk, started_at, input_tokens, text in list(rows if latest is None else rows[:latest])[::-1]:
+        calls.append(CallRow(pk, started_at, input_tokens or 0))
+        texts.append(text)
+    read_streams(calls, texts)
+    return calls
+
+
+def read_compressions(conversation_id: int) -> Compressions:
+    return Compressions.of(CompressionEvent.objects.filter(conversation_id=conversation_id)
+                           .values_list("occurred_at", "llm_call_id"))
+
+
+def entries(value: Any) -> list[Entry]:
+    """A digest's entries, from the list or its JSON text (anything else reads as no entries)."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            return []
+    return [entry for entry in value if isinstance(entry, dict)] if isinstance(value, list) else []
+
+
+def first_hash(text: str) -> str | None:
+    """The hash of the first entry of a digest's JSON text, decoding only that entry."""
+    opening = _ARRAY_START.match(text)
+    if opening is None:
+        return None
+    try:
+        first, _ = _DECODER.raw_decode(text, opening.end())
+    except ValueError:  # "[]", or not JSON
+        return None
+    value = first.get("hash") if isinstance(first, dict) else None
+    return value if isinstance(value, str) else None
+
+
+def read_streams(calls: list[CallRow], texts: Iterable[str | None]) -> None:
+    """Fill each call's `input`, `added` and `previous` from its digest's JSON text; `calls` in
+    time order (see the module docstring)."""
+    same_first: dict[str, deque[tuple[CallRow, str]]] = defaultdict(lambda: deque(maxlen=STREAM_LOOKBACK))
+    before: CallRow | None = None
+    for call, text in zip(calls, texts, strict=True):
+        text = text or "[]"
+        first = first_hash(text)
+        group = same_first[first] if first is not None else deque()
+        call.previous = _extended(call, text, group)
+        if call.previous is None:
+            call.previous = group[-1][0] if group else _time_previous(before, call)
+        if first is not None:
+            group.append((call, text))
+        before = call
+
+
+def _extended(call: CallRow, text: str, group: deque[tuple[CallRow, str]]) -> CallRow | None:
+    """The latest call of `group` whose input `call`'s extends (by hash), with `call.input` and
+    `call.added` read; None when it extends none. The input is decoded whole only once the text
+    of a candidate's input is not a prefix of its text."""
+    decoded: list[Entry] | None = None
+    for earlier, earlier_text in reversed(group):
+        if decoded is None:
+            tail = added_text(earlier_text, text)
+            if tail is not None:
+                call.added = entries(f"[{tail}]") if tail else []
+                call.input = earlier.input + call.added
+                return earlier
+            decoded = entries(text)
+        if extends(earlier.input, decoded):  # also when the same messages are printed differently
+            call.input, call.added = decoded, decoded[len(earlier.input):]
+            return earlier
+    call.input = entries(text) if decoded is None else decoded
+    return None
+
+
+def _time_previous(before: CallRow | None, call: CallRow) -> CallRow | None:
+    """`before`, the call just before `call`, when `call` shares a message with it (a stream whose
+    first message changed: an edited system prompt) or has no input recorded; else None: `call`
+    opens a stream (a tool's or a sub-agent's own model call)."""
+    if before is not None and (not call.input or shares_a_message(before.input, call.input)):
+        return before
+    return None
+
+
+def added_text(previous: str, text: str) -> str | None:
+    """The JSON text of the array elements `text` has after those of `previous`, when `text`
+    starts with every element of `previous`; None when it does not."""
+    body = previous.rstrip()
+    if not body.endswith("]"):
+        return None
+    body = body[:-1].rstrip()
+    if not text.startswith(body):
+        return None
+    rest = text[len(body):].strip()
+    if not rest.endswith("]"):
+        return None
+    if body.endswith("["):  # the previous array was empty
+        return rest[:-1].strip()
+    if rest == "]":
+        return ""
+    return rest[1:-1].strip() if rest.startswith(",") else None
