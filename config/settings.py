@@ -68,6 +68,9 @@ MIDDLEWARE = [
     "axes.middleware.AxesMiddleware",
 ]
 
+# Django's database sessions, with forged keys refused before they reach the database.
+SESSION_ENGINE = "dashboard.sessions"
+
 ROOT_URLCONF = "config.urls"
 ASGI_APPLICATION = "config.asgi.application"
 
