@@ -109,6 +109,16 @@ if DATABASE_URL:
     }
 else:
     DATABASES = {"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": DATA_DIR / "db.sqlite3"}}
+DATABASE_REPLICA_URL = env_str("DATABASE_REPLICA_URL")
+if DATABASE_REPLICA_URL:
+    # The dashboard's reads of trace data (dashboard.replica); in tests, the primary itself.
+    DATABASES["replica"] = {
+        **dj_database_url.parse(DATABASE_REPLICA_URL, conn_max_age=env_int("CONN_MAX_AGE", 60),
+                                conn_health_checks=True),
+        "TEST": {"MIRROR": "default"},
+    }
+    DATABASE_ROUTERS = ["dashboard.replica.ReplicaRouter"]
+    MIDDLEWARE.insert(1, "dashboard.replica.ReplicaReadsMiddleware")
 if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
     DATABASES["default"]["OPTIONS"] = {**SQLITE_OPTIONS, **DATABASES["default"].get("OPTIONS", {})}
     # A file, not memory, so a live server in another process shares it; the pid keeps test
