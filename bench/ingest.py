@@ -30,6 +30,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import NamedTuple
 
@@ -127,14 +129,10 @@ def queryable(database_url: str) -> tuple[int, int]:
         with sqlite3.connect(database_url.removeprefix("sqlite:///"), timeout=30) as db:
             stored, llm, tool = (db.execute(q).fetchone()[0] for q in queries)
     else:
-        from django.db import connection
+        import psycopg
 
-        found = []
-        with connection.cursor() as cursor:
-            for query in queries:
-                cursor.execute(query)
-                found.append(cursor.fetchone()[0])
-        stored, llm, tool = found
+        with psycopg.connect(database_url) as db:
+            stored, llm, tool = (db.execute(q).fetchone()[0] for q in queries)
     return stored, llm + tool
 
 
@@ -158,9 +156,10 @@ class Run(NamedTuple):
         return self.cpu / max(1, self.stored) * 1e6
 
 
-def measure(tree: Path, bodies: list[bytes], counts: list[int], args: argparse.Namespace) -> Run:
+def measure(tree: Path, bodies: list[bytes], counts: list[int], args: argparse.Namespace,
+            around_load: Callable[[], AbstractContextManager] = nullcontext) -> Run:
     """Serve the code in `tree` on a fresh database (DATABASE_URL, else a temporary SQLite file)
-    and send it the load."""
+    and send it the load; `around_load` is entered from the first request until all is queryable."""
     tmp = tempfile.TemporaryDirectory(prefix="ctxlens-bench-")
     database_url = os.environ.get("DATABASE_URL", "") or f"sqlite:///{tmp.name}/bench.sqlite3"
     env = {**os.environ, "DATABASE_URL": database_url, "CTXLENS_DATA_DIR": tmp.name, "DEBUG": "0",
@@ -173,19 +172,20 @@ def measure(tree: Path, bodies: list[bytes], counts: list[int], args: argparse.N
     server = start_server(env, port, args.workers, tree=tree)
     try:
         cpu_before = tree_cpu_seconds(server.pid)
-        started = time.perf_counter()
-        result = load_generator().run_load(
-            f"http://127.0.0.1:{port}/v1/traces", bodies, counts, args.concurrency, 600.0,
-            "application/json" if args.json else "application/x-protobuf", args.gzip,
-            extra_headers={"Authorization": f"Bearer {key}"})
-        last_response = time.perf_counter()
-        deadline = last_response + args.lag_timeout
-        while True:
-            stored, pending = queryable(database_url)
-            if (stored >= result["spans_accepted"] and pending == 0) or time.perf_counter() > deadline:
-                break
-            time.sleep(0.02)
-        done = time.perf_counter()
+        with around_load():
+            started = time.perf_counter()
+            result = load_generator().run_load(
+                f"http://127.0.0.1:{port}/v1/traces", bodies, counts, args.concurrency, 600.0,
+                "application/json" if args.json else "application/x-protobuf", args.gzip,
+                extra_headers={"Authorization": f"Bearer {key}"})
+            last_response = time.perf_counter()
+            deadline = last_response + args.lag_timeout
+            while True:
+                stored, pending = queryable(database_url)
+                if (stored >= result["spans_accepted"] and pending == 0) or time.perf_counter() > deadline:
+                    break
+                time.sleep(0.02)
+            done = time.perf_counter()
         rss = tree_peak_rss_mb(server.pid)
         server_cpu = tree_cpu_seconds(server.pid) - cpu_before
     finally:
@@ -224,13 +224,6 @@ def main() -> int:
     given_url = os.environ.get("DATABASE_URL", "")
     if args.base and given_url:
         raise SystemExit("--base measures each commit on a fresh temporary SQLite database; unset DATABASE_URL")
-    if given_url:  # PostgreSQL: read through Django, as the app does
-        os.environ.update({"DJANGO_SETTINGS_MODULE": "config.settings"})
-        sys.path.insert(0, str(ROOT))
-        import django
-
-        django.setup()
-
     load = load_generator()
     t = time.perf_counter()
     requests = load.build_requests(args.spans, args.batch, run_id=f"bench-{os.getpid()}")
