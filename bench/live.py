@@ -6,6 +6,8 @@
    SDK's OTLP encoder and POSTed to /v1/traces; the clock runs from just before the POST to the
    arrival, in each client, of the first message naming the new conversation. Posts are spaced
    wider than CTXLENS_LIVE_INTERVAL_MS so that the per-browser throttle does not add to them.
+   With --load N, the team's standard load (../shared/bench/otlp_load.py) is ingested at N
+   spans/s meanwhile, and the rate the server actually accepted is printed.
 2. Server time of the overview and of a conversation page with 1,000,000 stored spans (plus
    the round, LLM-call, tool-call, compression and conversation rows they stand for),
    bulk-inserted into a temporary SQLite database; pages rendered in-process through Django's
@@ -13,6 +15,7 @@
 
     .venv/bin/python bench/live.py                     # both parts
     .venv/bin/python bench/live.py --part latency --samples 40 --clients 1,50
+    .venv/bin/python bench/live.py --part latency --clients 200 --load 1000   # under ingest load
     .venv/bin/python bench/live.py --part pages --spans 1000000
 """
 
@@ -133,7 +136,49 @@ def credentials() -> tuple[str, str]:
     return client.cookies["sessionid"].value, ApiKey.generate("bench")[1]
 
 
-async def _latency(port: int, clients: int, posts: int, session: str, key: str) -> list[float]:
+def background_bodies(spans_per_s: int, seconds: float) -> list[tuple[bytes, int]]:
+    """The team's standard load (../shared/bench/otlp_load.py), enough of it for `seconds`."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    from ingest import load_generator
+
+    load = load_generator()
+    requests = load.build_requests(int(spans_per_s * seconds), 100, run_id=f"live-{os.getpid()}")
+    return [(r.SerializeToString(), sum(len(ss.spans) for rs in r.resource_spans for ss in rs.scope_spans))
+            for r in requests]
+
+
+async def send_background(port: int, key: str, bodies: list[tuple[bytes, int]], spans_per_s: int,
+                          stop: asyncio.Event) -> tuple[int, float]:
+    """POST `bodies` at `spans_per_s` (several in flight when the server lags) until `stop`;
+    (spans accepted, seconds)."""
+    import httpx
+
+    accepted, in_flight = [0], set()
+    started = next_at = time.perf_counter()
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=60) as http:
+        async def post(body: bytes, spans: int) -> None:
+            reply = await http.post("/v1/traces", content=body, headers={
+                "Content-Type": "application/x-protobuf", "Authorization": f"Bearer {key}"})
+            if reply.is_success:
+                accepted[0] += spans
+
+        for body, spans in bodies:
+            if stop.is_set():
+                break
+            await asyncio.sleep(max(0.0, next_at - time.perf_counter()))
+            next_at += spans / spans_per_s
+            if len(in_flight) >= 16:
+                await asyncio.wait(in_flight, return_when=asyncio.FIRST_COMPLETED)
+            task = asyncio.create_task(post(body, spans))
+            in_flight.add(task)
+            task.add_done_callback(in_flight.discard)
+        if in_flight:
+            await asyncio.wait(in_flight)
+    return accepted[0], time.perf_counter() - started
+
+
+async def _latency(port: int, clients: int, posts: int, session: str, key: str,
+                   background: list[tuple[bytes, int]] | None = None, spans_per_s: int = 0) -> list[float]:
     import httpx
     import websockets
     from asgiref.sync import sync_to_async
@@ -156,6 +201,10 @@ async def _latency(port: int, clients: int, posts: int, session: str, key: str) 
     bodies = [(cid, turn_body(cid)) for cid, _ in bodies]
     samples: list[float] = []
     pk_of = sync_to_async(lambda cid: Conversation.objects.get(external_id=cid).pk)
+    stop = asyncio.Event()
+    loading = asyncio.create_task(send_background(port, key, background, spans_per_s, stop)) if background else None
+    if loading:
+        await asyncio.sleep(2)  # the load running before the first sample
     async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as http:
         for conversation_id, body in bodies:
             started = time.perf_counter()
@@ -173,6 +222,11 @@ async def _latency(port: int, clients: int, posts: int, session: str, key: str) 
             else:
                 print(f"  a client missed conversation {pk}", file=sys.stderr)
             await asyncio.sleep(0.4)  # wider than the 250 ms per-browser interval
+    if loading:
+        stop.set()
+        accepted, seconds = await loading
+        print(f"  background ingest: {accepted:,} spans accepted in {seconds:.1f} s = {accepted / seconds:,.0f} "
+              f"spans/s (asked {spans_per_s:,})")
     for task in listeners:
         task.cancel()
     for ws in sockets:
@@ -180,12 +234,14 @@ async def _latency(port: int, clients: int, posts: int, session: str, key: str) 
     return samples
 
 
-def measure_latency(env: dict[str, str], clients: int, posts: int) -> list[float]:
+def measure_latency(env: dict[str, str], clients: int, posts: int, spans_per_s: int = 0) -> list[float]:
     session, key = credentials()
+    # As long as the samples take (each at least 0.4 s apart), and the warm-up, with room to spare.
+    background = background_bodies(spans_per_s, posts * 0.6 + 10) if spans_per_s else None
     port = free_port()
     server = start_daphne(env, port)
     try:
-        return asyncio.run(_latency(port, clients, posts, session, key))
+        return asyncio.run(_latency(port, clients, posts, session, key, background, spans_per_s))
     finally:
         server.terminate()
         server.wait()
@@ -369,6 +425,8 @@ def main() -> None:
     parser.add_argument("--part", choices=("latency", "pages", "all"), default="all")
     parser.add_argument("--samples", type=int, default=40, help="OTLP posts per client count")
     parser.add_argument("--clients", default="1,50", help="comma-separated websocket client counts")
+    parser.add_argument("--load", type=int, default=0, metavar="SPANS_PER_S",
+                        help="ingest the standard load at this rate while sampling (e.g. 1000)")
     parser.add_argument("--spans", type=int, default=1_000_000, help="stored spans for the page timings")
     parser.add_argument("--repeat", type=int, default=20, help="renders of each page")
     parser.add_argument("--keep", metavar="DIR", help="keep (and reuse) the database in DIR instead of a temp dir")
@@ -382,8 +440,9 @@ def main() -> None:
         env = setup_django(Path(args.keep or tmp))
         if args.part in ("latency", "all"):
             for clients in (int(c) for c in args.clients.split(",")):
-                samples = measure_latency(env, clients, args.samples)
-                print(f"OTLP POST -> websocket message, {clients:>2} client(s): p50 {percentile(samples, .5) * 1000:6.1f} ms"
+                samples = measure_latency(env, clients, args.samples, args.load)
+                under = f" under {args.load:,} spans/s" if args.load else ""
+                print(f"OTLP POST -> websocket message{under}, {clients:>2} client(s): p50 {percentile(samples, .5) * 1000:6.1f} ms"
                       f"  p95 {percentile(samples, .95) * 1000:6.1f} ms  (mean {statistics.mean(samples) * 1000:.1f} ms,"
                       f" {len(samples)} deliveries)")
         if args.part in ("pages", "all"):
