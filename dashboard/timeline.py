@@ -1,6 +1,9 @@
 """A conversation's rounds as a ReAct timeline: LLM calls, tool calls, compressions, skills, in order.
 
-A handful of queries for any number of rounds (one per kind of record), grouped in Python.
+A handful of queries for any number of rounds (one per kind of record), grouped in Python. The
+page shows one window of turns at a time (`turn_window`: the latest TURNS_PER_PAGE, or an older
+page), and its context chart the LLM calls of the same span of time, so the work of a page does
+not grow with the conversation.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime
 
+from django.core.paginator import Page, Paginator
 from django.db.models import Count, OuterRef, Q, Subquery
 from django.db.models.functions import Coalesce
 from django.urls import reverse
@@ -20,7 +24,8 @@ from dashboard.queries import HEAVY_COMPRESSION_FIELDS, HEAVY_LLM_FIELDS
 from pipeline.ingest.normalise.messages import message_text, tool_calls_of
 from pipeline.models import CompressionEvent, Conversation, LLMCall, Round, SkillActivation, ToolCall
 
-CHART_CALLS = 500  # the context chart shows at most this many (the latest) LLM calls
+CHART_CALLS = 500  # the context chart shows at most this many (the latest) LLM calls of its window
+TURNS_PER_PAGE = 20  # the conversation page shows this many turns; older ones page by page
 
 
 @dataclass
@@ -62,31 +67,86 @@ def _llm_step(call: LLMCall, diff: DiffLine) -> Step:
                 requested=tool_calls_of([m for m in messages if isinstance(m, dict)]), diff=diff)
 
 
+@dataclass(frozen=True)
+class TimeSpan:
+    """[since, until); None: open on that side."""
+
+    since: datetime | None = None
+    until: datetime | None = None
+
+    def filter(self, field: str) -> Q:
+        q = Q()
+        if self.since is not None:
+            q &= Q(**{f"{field}__gte": self.since})
+        if self.until is not None:
+            q &= Q(**{f"{field}__lt": self.until})
+        return q
+
+    def __contains__(self, at: datetime) -> bool:
+        return (self.since is None or at >= self.since) and (self.until is None or at < self.until)
+
+
+@dataclass(frozen=True)
+class TurnWindow:
+    """One page of a conversation's turns (page 1: the latest): its rounds oldest first, their
+    numbers in the conversation, and the span of time it covers, from its first turn's start (the
+    oldest page: from the beginning) to the start of the next newer turn (the latest page: open)."""
+
+    page: Page
+    rounds: list[Round]
+    numbers: list[int]
+    span: TimeSpan
+
+    @property
+    def total(self) -> int:
+        return self.page.paginator.count
+
+
+def turn_window(conversation: Conversation, page_number: object = 1) -> TurnWindow:
+    """The page `page_number` of the conversation's turns, newest page first (a bad or too large
+    number gives the nearest page, like the lists)."""
+    newest_first = Round.objects.filter(conversation=conversation).order_by("-started_at", "-pk")
+    page = Paginator(newest_first, TURNS_PER_PAGE).get_page(page_number)
+    rounds = list(page.object_list)[::-1]
+    newest = page.paginator.count - (page.number - 1) * TURNS_PER_PAGE
+    numbers = list(range(newest - len(rounds) + 1, newest + 1))
+    since = rounds[0].started_at if rounds and page.has_next() else None
+    until = None
+    if rounds and page.has_previous():
+        last = rounds[-1]
+        until = (Round.objects.filter(conversation=conversation)
+                 .filter(Q(started_at__gt=last.started_at) | Q(started_at=last.started_at, pk__gt=last.pk))
+                 .order_by("started_at", "pk").values_list("started_at", flat=True).first())
+    return TurnWindow(page, rounds, numbers, TimeSpan(since, until))
+
+
 def build_turns(conversation: Conversation, rounds: list[Round], numbers: list[int],
-                include_unassigned: bool = False) -> list[Turn]:
-    """Turns for `rounds` (in order, with their `numbers` in the conversation), steps sorted by time."""
+                unassigned: TimeSpan | None = None) -> list[Turn]:
+    """Turns for `rounds` (in order, with their `numbers` in the conversation), steps sorted by time;
+    with `unassigned`, a last turn of the records of no round in that span of time."""
     ids = [r.pk for r in rounds]
     steps: dict[int | None, list[Step]] = defaultdict(list)
 
-    where = Q(round_id__in=ids) | Q(round__isnull=True) if include_unassigned else Q(round_id__in=ids)
-
-    def of(model):
+    def of(model, at: str):
+        where = Q(round_id__in=ids)
+        if unassigned is not None:
+            where |= Q(round__isnull=True) & unassigned.filter(at)
         return model.objects.filter(where, conversation=conversation)
 
-    calls = list(of(LLMCall).defer(*HEAVY_LLM_FIELDS).order_by("started_at", "pk"))
+    calls = list(of(LLMCall, "started_at").defer(*HEAVY_LLM_FIELDS).order_by("started_at", "pk"))
     lines = diff_lines(calls)  # from the digests loaded with the calls, in a few more queries
     for call in calls:
         steps[call.round_id].append(_llm_step(call, lines[call.pk]))
-    for tool in of(ToolCall).select_related("artifact").order_by("started_at"):
+    for tool in of(ToolCall, "started_at").select_related("artifact").order_by("started_at"):
         steps[tool.round_id].append(Step("tool", tool.started_at, tool))
-    for event in of(CompressionEvent).defer(*HEAVY_COMPRESSION_FIELDS).order_by("occurred_at"):
+    for event in of(CompressionEvent, "occurred_at").defer(*HEAVY_COMPRESSION_FIELDS).order_by("occurred_at"):
         steps[event.round_id].append(Step("compression", event.occurred_at, event))
-    for skill in of(SkillActivation).order_by("activated_at"):
+    for skill in of(SkillActivation, "activated_at").order_by("activated_at"):
         steps[skill.round_id].append(Step("skill", skill.activated_at, skill))
     for items in steps.values():
         items.sort(key=lambda step: step.at)
     turns = [Turn(r, n, steps.get(r.pk, [])) for r, n in zip(rounds, numbers, strict=True)]
-    if include_unassigned and steps.get(None):
+    if unassigned is not None and steps.get(None):
         turns.append(Turn(None, 0, steps[None]))
     return turns
 
@@ -110,10 +170,12 @@ def numbered_rounds(conversation: Conversation, round_ids: list[int]) -> tuple[l
     return rounds, [r.earlier + 1 for r in rounds]
 
 
-def context_chart(conversation: Conversation) -> dict:
-    """Context usage per LLM call across the conversation, with compression markers between calls."""
+def context_chart(conversation: Conversation, span: TimeSpan | None = None) -> dict:
+    """Context usage per LLM call in `span` of the conversation (all of it when None; at most the
+    latest CHART_CALLS calls), with compression markers between calls."""
+    span = span or TimeSpan()
     calls = list(
-        LLMCall.objects.filter(conversation=conversation)
+        LLMCall.objects.filter(span.filter("started_at"), conversation=conversation)
         .only("pk", "started_at", "input_tokens", "context_tokens", "context_window", "context_composition")
         .order_by("-started_at")[:CHART_CALLS]
     )[::-1]
@@ -124,6 +186,8 @@ def context_chart(conversation: Conversation) -> dict:
         "pk", "occurred_at", "strategy", "tokens_before", "tokens_after")
     if since is not None:
         events = events.filter(occurred_at__gte=since)
+    if span.until is not None:
+        events = events.filter(occurred_at__lt=span.until)
     series["compressions"] = [
         {
             # The marker sits on the first call made after the compression.

@@ -88,10 +88,37 @@ def _input_text() -> Cast:
     return Cast("input_digest", TextField())  # decoded by read_streams, only what is new
 
 
-def read_conversation(conversation_id: int) -> tuple[list[CallRow], list[ToolRow], Compressions]:
+@dataclass(frozen=True)
+class ConversationRows:
+    """What `read_conversation` read: LLM calls and tool calls in time order, the compressions
+    (from the first call read on, to the end), and how many LLM calls of the conversation come
+    before the first call read."""
+
+    calls: list[CallRow]
+    tools: list[ToolRow]
+    compressions: Compressions
+    calls_before: int = 0
+
+
+def read_conversation(conversation_id: int, since: datetime | None = None,
+                      until: datetime | None = None, lookback: int = 0) -> ConversationRows:
     """The conversation's LLM calls and tool calls in time order, with their inputs and streams
-    read, and its compressions: three queries."""
-    rows = (LLMCall.objects.filter(conversation_id=conversation_id).order_by("started_at", "id")
+    read, and its compressions. With `since` / `until`, only those started in [since, until), plus
+    the `lookback` LLM calls before `since` (and what started since the first of them), which give
+    the first calls of the span the calls they follow: a few queries, whatever the conversation's
+    length."""
+    start = since
+    if since is not None and lookback:
+        earlier = (LLMCall.objects.filter(conversation_id=conversation_id, started_at__lt=since)
+                   .order_by("-started_at", "-id").values_list("started_at", flat=True))
+        # None when fewer calls than the lookback come before `since`: from the beginning.
+        start = next(iter(earlier[lookback - 1:lookback]), None)
+    span = Q()
+    if start is not None:
+        span &= Q(started_at__gte=start)
+    if until is not None:
+        span &= Q(started_at__lt=until)
+    rows = (LLMCall.objects.filter(span, conversation_id=conversation_id).order_by("started_at", "id")
             .annotate(input_text=_input_text())
             .values_list("id", "started_at", "input_tokens", "round_id", "model", "context_tokens", "context_window",
                          "output_digest", "input_text"))
@@ -100,9 +127,11 @@ def read_conversation(conversation_id: int) -> tuple[list[CallRow], list[ToolRow
         calls.append(CallRow(*columns, entries(output)))
         texts.append(text)
     read_streams(calls, texts)
-    tools = [ToolRow(*row) for row in ToolCall.objects.filter(conversation_id=conversation_id)
+    tools = [ToolRow(*row) for row in ToolCall.objects.filter(span, conversation_id=conversation_id)
              .order_by("started_at", "id").values_list("id", *TOOL_FIELDS)]
-    return calls, tools, read_compressions(conversation_id)
+    before = 0 if start is None else LLMCall.objects.filter(conversation_id=conversation_id,
+                                                             started_at__lt=start).count()
+    return ConversationRows(calls, tools, read_compressions(conversation_id, start), before)
 
 
 def read_inputs_until(call: LLMCall, latest: int | None = None) -> list[CallRow]:
@@ -119,9 +148,12 @@ def read_inputs_until(call: LLMCall, latest: int | None = None) -> list[CallRow]
     return calls
 
 
-def read_compressions(conversation_id: int) -> Compressions:
-    return Compressions.of(CompressionEvent.objects.filter(conversation_id=conversation_id)
-                           .values_list("occurred_at", "llm_call_id"))
+def read_compressions(conversation_id: int, since: datetime | None = None) -> Compressions:
+    """The conversation's compressions (those from `since` on, when given)."""
+    events = CompressionEvent.objects.filter(conversation_id=conversation_id)
+    if since is not None:
+        events = events.filter(occurred_at__gte=since)
+    return Compressions.of(events.values_list("occurred_at", "llm_call_id"))
 
 
 def entries(value: Any) -> list[Entry]:
