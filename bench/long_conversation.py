@@ -156,8 +156,10 @@ def measure(turns: int, llm_calls: int, tool_calls: int, others: int, repeat: in
     call_command("migrate", verbosity=0)
     call_command("collectstatic", interactive=False, verbosity=0)  # pages render with DEBUG off
     started = time.perf_counter()
-    pk = populate(turns, llm_calls, tool_calls)
-    populate_others(others)
+    if not Round.objects.filter(conversation_id=1).exists():  # a kept database (--keep) holds it already
+        populate(turns, llm_calls, tool_calls)
+        populate_others(others)
+    pk = 1
     built = time.perf_counter() - started
     latest_round = Round.objects.filter(conversation_id=pk).order_by("-started_at").values_list("pk", flat=True)[0]
     client = Client()
@@ -186,8 +188,17 @@ def measure(turns: int, llm_calls: int, tool_calls: int, others: int, repeat: in
 
 
 def worker(tree: Path, args: argparse.Namespace) -> None:
-    """Measure `tree` with this process: its code first on sys.path, a fresh database."""
-    work = Path(tempfile.mkdtemp(prefix="ctxlens-bench-long-"))
+    """Measure `tree` with this process: its code first on sys.path, a fresh database (or the one
+    kept in --keep)."""
+    if args.keep:
+        Path(args.keep).mkdir(parents=True, exist_ok=True)
+        _measure_in(Path(args.keep), tree, args)
+    else:
+        with tempfile.TemporaryDirectory(prefix="ctxlens-bench-long-") as work:
+            _measure_in(Path(work), tree, args)
+
+
+def _measure_in(work: Path, tree: Path, args: argparse.Namespace) -> None:
     os.environ.update(DJANGO_SETTINGS_MODULE="config.settings", CTXLENS_DATA_DIR=str(work),
                       DATABASE_URL=f"sqlite:///{work / 'bench.sqlite3'}", DEBUG="0", LOG_LEVEL="WARNING",
                       CTXLENS_ARTIFACT_DIR=str(work / "artifacts"), ALLOWED_HOSTS="127.0.0.1,localhost,testserver")
@@ -207,6 +218,8 @@ def worker(tree: Path, args: argparse.Namespace) -> None:
 def run_tree(tree: Path, args: argparse.Namespace) -> dict:
     command = [sys.executable, str(Path(__file__).resolve()), "--worker", str(tree), "--turns", str(args.turns),
                "--llm-calls", str(args.llm_calls), "--tool-calls", str(args.tool_calls), "--spans", str(args.spans), "--repeat", str(args.repeat)]
+    if args.keep:
+        command += ["--keep", str(Path(args.keep).resolve() / tree.name)]
     done = subprocess.run(command, cwd=tree, capture_output=True, text=True)
     if done.returncode != 0:
         raise SystemExit(f"measuring {tree} failed:\n{done.stderr[-3000:]}")
@@ -221,6 +234,7 @@ def main() -> None:
     parser.add_argument("--spans", type=int, default=100_000, help="spans of other conversations stored beside it")
     parser.add_argument("--repeat", type=int, default=15, help="fetches of each URL (after one warm-up)")
     parser.add_argument("--base", default=BASE, help="the commit to compare with ('' for none)")
+    parser.add_argument("--keep", metavar="DIR", help="keep (and reuse) the databases under DIR")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:

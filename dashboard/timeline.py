@@ -1,8 +1,8 @@
 """A conversation's rounds as a ReAct timeline: LLM calls, tool calls, compressions, skills, in order.
 
 A handful of queries for any number of rounds (one per kind of record), grouped in Python. The
-page shows one window of turns at a time (`turn_window`: the latest TURNS_PER_PAGE, or an older
-page), and its context chart the LLM calls of the same span of time, so the work of a page does
+page shows one window of turns at a time (`turn_window`: the latest turns, about STEPS_PER_PAGE
+steps of them, or an older page), and its context chart the LLM calls of the same span of time, so the work of a page does
 not grow with the conversation.
 """
 
@@ -25,7 +25,10 @@ from pipeline.ingest.normalise.messages import message_text, tool_calls_of
 from pipeline.models import CompressionEvent, Conversation, LLMCall, Round, SkillActivation, ToolCall
 
 CHART_CALLS = 500  # the context chart shows at most this many (the latest) LLM calls of its window
-TURNS_PER_PAGE = 20  # the conversation page shows this many turns; older ones page by page
+# The conversation page shows about this many steps (LLM and tool calls) a page, in whole turns:
+# as many turns as the conversation's average turn fills it with, from 1 to MAX_TURNS_PER_PAGE.
+STEPS_PER_PAGE = 50
+MAX_TURNS_PER_PAGE = 20
 
 
 @dataclass
@@ -102,13 +105,23 @@ class TurnWindow:
         return self.page.paginator.count
 
 
+def turns_per_page(conversation: Conversation) -> int:
+    """How many turns a page of the conversation shows: STEPS_PER_PAGE steps of its average turn
+    (from its stored counts, so the pages stay put while it grows slowly)."""
+    steps = conversation.llm_call_count + conversation.tool_call_count
+    if not conversation.round_count or not steps:
+        return MAX_TURNS_PER_PAGE
+    return max(1, min(MAX_TURNS_PER_PAGE, STEPS_PER_PAGE * conversation.round_count // steps))
+
+
 def turn_window(conversation: Conversation, page_number: object = 1) -> TurnWindow:
     """The page `page_number` of the conversation's turns, newest page first (a bad or too large
     number gives the nearest page, like the lists)."""
     newest_first = Round.objects.filter(conversation=conversation).order_by("-started_at", "-pk")
-    page = Paginator(newest_first, TURNS_PER_PAGE).get_page(page_number)
+    per_page = turns_per_page(conversation)
+    page = Paginator(newest_first, per_page).get_page(page_number)
     rounds = list(page.object_list)[::-1]
-    newest = page.paginator.count - (page.number - 1) * TURNS_PER_PAGE
+    newest = page.paginator.count - (page.number - 1) * per_page
     numbers = list(range(newest - len(rounds) + 1, newest + 1))
     since = rounds[0].started_at if rounds and page.has_next() else None
     until = None

@@ -26,7 +26,7 @@ from django.db.models import Expression, F, JSONField, Q
 from django.db.models.functions import Substr
 from django.urls import reverse
 
-from dashboard.timeline import TURNS_PER_PAGE
+from dashboard.timeline import turns_per_page
 from pipeline import semconv as sc
 from pipeline.ingest.normalise.span import bounded_key, nanos_to_datetime
 from pipeline.ingest.normalise.values import as_int, first, first_str
@@ -231,7 +231,7 @@ def _page_url(round_: Round) -> str:
     newer = Round.objects.filter(conversation_id=round_.conversation_id).filter(
         Q(started_at__gt=round_.started_at) | Q(started_at=round_.started_at, pk__gt=round_.pk)
     )
-    number = newer.count() // TURNS_PER_PAGE + 1
+    number = newer.count() // turns_per_page(round_.conversation) + 1
     return f"{page}?page={number}" if number > 1 else page
 
 

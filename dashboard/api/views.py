@@ -40,9 +40,10 @@ class ApiPagination(LimitOffsetPagination):
 
 
 class RoundPagination(LimitOffsetPagination):
-    """The rounds of one conversation's detail, oldest first (RoundPageQuery validates the values)."""
+    """The rounds of one conversation's detail, oldest first (RoundPageQuery validates the values).
+    Ten unless asked for more: each round carries its calls' messages."""
 
-    default_limit = 100
+    default_limit = 10
     max_limit = 500
     limit_query_param = "rounds_limit"
     offset_query_param = "rounds_offset"

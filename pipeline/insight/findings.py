@@ -58,7 +58,7 @@ from datetime import datetime
 from typing import Any
 
 from pipeline.conf import ctxlens_config
-from pipeline.insight.conversation_rows import CallRow, Entry, ToolRow, read_conversation
+from pipeline.insight.conversation_rows import WINDOW_LOOKBACK, CallRow, Entry, ToolRow, read_conversation
 from pipeline.insight.diff import CallInput, Compressions, diff_inputs
 from pipeline.models import Conversation
 from pipeline.tokens.counting import context_window
@@ -81,8 +81,6 @@ REPEATED_CALLS = 3  # identical tool calls in one turn
 RETRY_STORM_FAILURES = 3  # failures of one tool with one error in one turn
 NEAR_WINDOW_SHARE = 0.9
 ARGUMENTS_SHOWN = 80  # characters of a repeated call's arguments quoted in its message
-# LLM calls read before a window's span (conversation_findings(since=...)): what its first calls follow.
-LOOKBACK_CALLS = 16
 
 
 
@@ -122,7 +120,7 @@ def conversation_findings(conversation: Conversation, since: datetime | None = N
     """Every finding of `conversation`, in the order of the time of the call each is about.
 
     With `since` / `until`, the findings about calls in [since, until) only (a page's window of
-    turns), computed from the calls of that span and the LOOKBACK_CALLS before it, so the work
+    turns), computed from the calls of that span and the WINDOW_LOOKBACK before it, so the work
     does not grow with the conversation. Checks that look across the whole conversation see only
     that much of it: a tool call id also used before the lookback is not a duplicate there (every
     compression after the lookback's start counts, so near_window_limit is as it is unwindowed).
@@ -130,7 +128,7 @@ def conversation_findings(conversation: Conversation, since: datetime | None = N
     if since is None and until is None:
         rows = read_conversation(conversation.pk)
         return _Checks(conversation, rows.calls, rows.tools, rows.compressions).run()
-    rows = read_conversation(conversation.pk, since, until, lookback=LOOKBACK_CALLS)
+    rows = read_conversation(conversation.pk, since, until, lookback=WINDOW_LOOKBACK)
     found = _Checks(conversation, rows.calls, rows.tools, rows.compressions, rows.calls_before).run()
     return [f for f in found if f.at is None or ((since is None or f.at >= since) and (until is None or f.at < until))]
 

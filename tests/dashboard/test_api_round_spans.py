@@ -394,7 +394,7 @@ def test_a_turn_older_than_the_pages_latest_links_to_the_page_of_turns_it_is_on(
     def link(key: str) -> str:
         return next(s["timeline"]["url"] for s in waterfall(Round.objects.get(key=key))["spans"] if s["timeline"])
 
-    # The page shows the latest 20 turns: "r0" is the 20th newest, "old" is on the page of older ones.
+    # Turns of one call or none: the page shows the latest 20, "r0" the 20th newest; "old" is on the next page.
     old_call, first_call = (LLMCall.objects.get(round__key=key) for key in ("old", "r0"))
     assert link("old") == f"{page}?page=2#llm-{old_call.pk}"
     assert link("r0") == f"{page}#llm-{first_call.pk}"

@@ -259,7 +259,7 @@ def test_artifact_with_an_html_payload_previews_as_text(client_alice, artifact_d
 
 
 def test_a_long_conversation_shows_its_latest_turns_numbered_in_the_conversation(client_alice, demo, monkeypatch):
-    monkeypatch.setattr("dashboard.timeline.TURNS_PER_PAGE", 2)
+    monkeypatch.setattr("dashboard.timeline.MAX_TURNS_PER_PAGE", 2)
     url = reverse("conversation", args=[demo.conversation.pk])
     response = client_alice.get(url)
     html = response.content.decode()
@@ -278,7 +278,7 @@ def test_a_long_conversation_shows_its_latest_turns_numbered_in_the_conversation
 
 
 def test_a_page_of_older_turns_charts_the_calls_of_those_turns(client_alice, demo, monkeypatch):
-    monkeypatch.setattr("dashboard.timeline.TURNS_PER_PAGE", 2)
+    monkeypatch.setattr("dashboard.timeline.MAX_TURNS_PER_PAGE", 2)
     url = reverse("conversation", args=[demo.conversation.pk])
     in_round = {r.pk: [c.pk for c in demo.llm_calls if c.round_id == r.pk] for r in demo.rounds}
     latest, older = client_alice.get(url), client_alice.get(url, {"page": "2"})
