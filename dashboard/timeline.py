@@ -141,10 +141,13 @@ def build_turns(conversation: Conversation, rounds: list[Round], numbers: list[i
     steps: dict[int | None, list[Step]] = defaultdict(list)
 
     def of(model, at: str):
+        # The conversation inside each branch, not around them: the rounds' ids find theirs by the
+        # round index, and the records of no round by the conversation's time index, within the
+        # span, instead of one walk of all the conversation's records.
         where = Q(round_id__in=ids)
         if unassigned is not None:
-            where |= Q(round__isnull=True) & unassigned.filter(at)
-        return model.objects.filter(where, conversation=conversation)
+            where |= Q(conversation=conversation, round__isnull=True) & unassigned.filter(at)
+        return model.objects.filter(where)
 
     calls = list(of(LLMCall, "started_at").defer(*HEAVY_LLM_FIELDS).order_by("started_at", "pk"))
     lines = diff_lines(calls)  # from the digests loaded with the calls, in a few more queries
