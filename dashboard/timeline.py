@@ -14,8 +14,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from django.core.paginator import Page, Paginator
-from django.db.models import Count, OuterRef, Q, Subquery
-from django.db.models.functions import Coalesce
+from django.db.models import Q
 from django.urls import reverse
 
 from dashboard.context_bars import ContextBar, context_bar, usage_series
@@ -165,25 +164,6 @@ def build_turns(conversation: Conversation, rounds: list[Round], numbers: list[i
     if unassigned is not None and steps.get(None):
         turns.append(Turn(None, 0, steps[None]))
     return turns
-
-
-def numbered_rounds(conversation: Conversation, round_ids: list[int]) -> tuple[list[Round], list[int]]:
-    """The rounds of `conversation` among `round_ids`, oldest first, and their numbers in the
-    conversation (the position the conversation page gives them), in one query."""
-    earlier = (
-        Round.objects.filter(conversation=OuterRef("conversation"))
-        .filter(Q(started_at__lt=OuterRef("started_at")) | Q(started_at=OuterRef("started_at"), pk__lt=OuterRef("pk")))
-        .order_by()
-        .values("conversation")
-        .annotate(n=Count("pk"))
-        .values("n")
-    )
-    rounds = list(
-        Round.objects.filter(conversation=conversation, pk__in=round_ids)
-        .annotate(earlier=Coalesce(Subquery(earlier), 0))
-        .order_by("started_at", "pk")
-    )
-    return rounds, [r.earlier + 1 for r in rounds]
 
 
 def context_chart(conversation: Conversation, span: TimeSpan | None = None) -> dict:

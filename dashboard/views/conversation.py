@@ -16,7 +16,7 @@ from django.shortcuts import get_object_or_404, render
 from django.urls import reverse
 
 from dashboard.queries import HEAVY_COMPRESSION_FIELDS
-from dashboard.timeline import TurnWindow, build_turns, context_chart, numbered_rounds, turn_window
+from dashboard.timeline import TurnWindow, build_turns, context_chart, turn_window
 from dashboard.views.common import fragments, fragments_response, page
 from pipeline.insight.findings import CODES, SEVERITIES, Finding, conversation_findings
 from pipeline.models import CompressionEvent, Conversation
@@ -60,9 +60,10 @@ def _findings_context(conversation: Conversation, window: TurnWindow) -> dict:
             "last_turn": window.numbers[-1] if window.numbers else 0}
 
 
-def _header_context(conversation: Conversation) -> dict:
-    compressions = (CompressionEvent.objects.filter(conversation=conversation).defer(*HEAVY_COMPRESSION_FIELDS)
-                    .order_by("-occurred_at")[:50])
+def _header_context(conversation: Conversation, window: TurnWindow) -> dict:
+    """The header, and the compressions of the window's span of time (the latest 50)."""
+    compressions = (CompressionEvent.objects.filter(window.span.filter("occurred_at"), conversation=conversation)
+                    .defer(*HEAVY_COMPRESSION_FIELDS).order_by("-occurred_at")[:50])
     return {"conversation": conversation, "compressions": list(compressions)}
 
 
@@ -79,7 +80,7 @@ def conversation_detail(request: HttpRequest, pk: int) -> HttpResponse:
     conversation = get_object_or_404(Conversation, pk=pk)
     window = turn_window(conversation, request.GET.get("page"))
     context = {
-        **_header_context(conversation),
+        **_header_context(conversation, window),
         **_findings_context(conversation, window),
         **_timeline_context(conversation, window),
         "nav": "conversations",
@@ -111,7 +112,7 @@ def conversation_fragments(request: HttpRequest, pk: int) -> JsonResponse:
     if round_ids is None:
         return JsonResponse({"error": "rounds must be a comma-separated list of ids"}, status=400)
     window = turn_window(conversation, request.GET.get("page"))
-    header = _header_context(conversation)
+    header = _header_context(conversation, window)
     parts = {
         "conversation-header": ("dashboard/partials/conversation_header.html", header),
         "conversation-compressions": ("dashboard/partials/conversation_compressions.html", header),
@@ -121,9 +122,10 @@ def conversation_fragments(request: HttpRequest, pk: int) -> JsonResponse:
     if request.GET.get("timeline") == "1":
         parts["timeline"] = ("dashboard/partials/timeline.html", _timeline_context(conversation, window))
     elif round_ids:
-        rounds, numbers = numbered_rounds(conversation, round_ids)
-        # A turn outside the window (a new turn while an older page is shown) stays off the page.
-        shown = [(r, n) for r, n in zip(rounds, numbers, strict=True) if r.started_at in window.span]
+        # Only turns of the window, numbered as it numbers them: a turn outside it (a new turn
+        # while an older page is shown) stays off the page.
+        wanted = set(round_ids)
+        shown = [(r, n) for r, n in zip(window.rounds, window.numbers, strict=True) if r.pk in wanted]
         for turn in build_turns(conversation, [r for r, _ in shown], [n for _, n in shown]):
             parts[turn.dom_id] = ("dashboard/partials/round.html", {"turn": turn, "conversation": conversation})
     return fragments_response(request, parts, {"context_chart": context_chart(conversation, window.span)})
