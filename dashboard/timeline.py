@@ -103,6 +103,14 @@ class TurnWindow:
     def total(self) -> int:
         return self.page.paginator.count
 
+    @property
+    def first_number(self) -> int:
+        return self.numbers[0] if self.numbers else 0
+
+    @property
+    def last_number(self) -> int:
+        return self.numbers[-1] if self.numbers else 0
+
 
 def turns_per_page(conversation: Conversation) -> int:
     """How many turns a page of the conversation shows: STEPS_PER_PAGE steps of its average turn

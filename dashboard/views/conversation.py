@@ -55,9 +55,7 @@ def _findings_context(conversation: Conversation, window: TurnWindow) -> dict:
     else:
         severities.update(f.severity for f in findings)
     return {"findings": [_finding_row(f) for f in findings], "findings_windowed": windowed,
-            "finding_severities": [(s, severities[s]) for s in SEVERITIES if severities[s]],
-            "first_turn": window.numbers[0] if window.numbers else 0,
-            "last_turn": window.numbers[-1] if window.numbers else 0}
+            "finding_severities": [(s, severities[s]) for s in SEVERITIES if severities[s]], "turn_window": window}
 
 
 def _header_context(conversation: Conversation, window: TurnWindow) -> dict:
@@ -71,8 +69,7 @@ def _timeline_context(conversation: Conversation, window: TurnWindow) -> dict:
     turns = build_turns(conversation, window.rounds, window.numbers, unassigned=window.span)
     # The pager's links keep nothing else of the query: the page takes no other parameter.
     return {"conversation": conversation, "turns": turns, "total_rounds": window.total, "page_obj": window.page,
-            "query": "", "first_turn": window.numbers[0] if window.numbers else 0,
-            "last_turn": window.numbers[-1] if window.numbers else 0}
+            "query": "", "turn_window": window}
 
 
 @page
