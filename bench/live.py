@@ -55,6 +55,7 @@ def setup_django(data_dir: Path) -> dict[str, str]:
     from django.core.management import call_command
 
     call_command("migrate", verbosity=0)
+    call_command("collectstatic", interactive=False, verbosity=0)  # pages render with DEBUG off
     return {**os.environ, **env}
 
 

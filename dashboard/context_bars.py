@@ -31,6 +31,15 @@ class Segment:
     tokens: int
     percent: float  # of the bar's scale (the window when known)
 
+    # Formatted here, not with the floatformat filter: a page of the timeline draws hundreds.
+    @property
+    def width(self) -> str:
+        return f"{self.percent:.3f}"
+
+    @property
+    def share(self) -> str:
+        return f"{self.percent:.1f}"
+
 
 @dataclass(frozen=True)
 class ContextBar:

@@ -1,6 +1,9 @@
 """A conversation's rounds as a ReAct timeline: LLM calls, tool calls, compressions, skills, in order.
 
-A handful of queries for any number of rounds (one per kind of record), grouped in Python.
+A handful of queries for any number of rounds (one per kind of record), grouped in Python. The
+page shows one window of turns at a time (`turn_window`: the latest turns, about STEPS_PER_PAGE
+steps of them, or an older page), and its context chart the LLM calls of the same span of time, so the work of a page does
+not grow with the conversation.
 """
 
 from __future__ import annotations
@@ -10,8 +13,8 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from django.db.models import Count, OuterRef, Q, Subquery
-from django.db.models.functions import Coalesce
+from django.core.paginator import Page, Paginator
+from django.db.models import Q
 from django.urls import reverse
 
 from dashboard.context_bars import ContextBar, context_bar, usage_series
@@ -20,7 +23,11 @@ from dashboard.queries import HEAVY_COMPRESSION_FIELDS, HEAVY_LLM_FIELDS
 from pipeline.ingest.normalise.messages import message_text, tool_calls_of
 from pipeline.models import CompressionEvent, Conversation, LLMCall, Round, SkillActivation, ToolCall
 
-CHART_CALLS = 500  # the context chart shows at most this many (the latest) LLM calls
+CHART_CALLS = 500  # the context chart shows at most this many (the latest) LLM calls of its window
+# The conversation page shows about this many steps (LLM and tool calls) a page, in whole turns:
+# as many turns as the conversation's average turn fills it with, from 1 to MAX_TURNS_PER_PAGE.
+STEPS_PER_PAGE = 50
+MAX_TURNS_PER_PAGE = 20
 
 
 @dataclass
@@ -62,58 +69,117 @@ def _llm_step(call: LLMCall, diff: DiffLine) -> Step:
                 requested=tool_calls_of([m for m in messages if isinstance(m, dict)]), diff=diff)
 
 
+@dataclass(frozen=True)
+class TimeSpan:
+    """[since, until); None: open on that side."""
+
+    since: datetime | None = None
+    until: datetime | None = None
+
+    def filter(self, field: str) -> Q:
+        q = Q()
+        if self.since is not None:
+            q &= Q(**{f"{field}__gte": self.since})
+        if self.until is not None:
+            q &= Q(**{f"{field}__lt": self.until})
+        return q
+
+    def __contains__(self, at: datetime) -> bool:
+        return (self.since is None or at >= self.since) and (self.until is None or at < self.until)
+
+
+@dataclass(frozen=True)
+class TurnWindow:
+    """One page of a conversation's turns (page 1: the latest): its rounds oldest first, their
+    numbers in the conversation, and the span of time it covers, from its first turn's start (the
+    oldest page: from the beginning) to the start of the next newer turn (the latest page: open)."""
+
+    page: Page
+    rounds: list[Round]
+    numbers: list[int]
+    span: TimeSpan
+
+    @property
+    def total(self) -> int:
+        return self.page.paginator.count
+
+    @property
+    def first_number(self) -> int:
+        return self.numbers[0] if self.numbers else 0
+
+    @property
+    def last_number(self) -> int:
+        return self.numbers[-1] if self.numbers else 0
+
+
+def turns_per_page(conversation: Conversation) -> int:
+    """How many turns a page of the conversation shows: STEPS_PER_PAGE steps of its average turn
+    (from its stored counts, so the pages stay put while it grows slowly)."""
+    steps = conversation.llm_call_count + conversation.tool_call_count
+    if not conversation.round_count or not steps:
+        return MAX_TURNS_PER_PAGE
+    return max(1, min(MAX_TURNS_PER_PAGE, STEPS_PER_PAGE * conversation.round_count // steps))
+
+
+def turn_window(conversation: Conversation, page_number: object = 1) -> TurnWindow:
+    """The page `page_number` of the conversation's turns, newest page first (a bad or too large
+    number gives the nearest page, like the lists)."""
+    newest_first = Round.objects.filter(conversation=conversation).order_by("-started_at", "-pk")
+    per_page = turns_per_page(conversation)
+    page = Paginator(newest_first, per_page).get_page(page_number)
+    rounds = list(page.object_list)[::-1]
+    newest = page.paginator.count - (page.number - 1) * per_page
+    numbers = list(range(newest - len(rounds) + 1, newest + 1))
+    since = rounds[0].started_at if rounds and page.has_next() else None
+    until = None
+    if rounds and page.has_previous():
+        last = rounds[-1]
+        until = (Round.objects.filter(conversation=conversation)
+                 .filter(Q(started_at__gt=last.started_at) | Q(started_at=last.started_at, pk__gt=last.pk))
+                 .order_by("started_at", "pk").values_list("started_at", flat=True).first())
+    return TurnWindow(page, rounds, numbers, TimeSpan(since, until))
+
+
 def build_turns(conversation: Conversation, rounds: list[Round], numbers: list[int],
-                include_unassigned: bool = False) -> list[Turn]:
-    """Turns for `rounds` (in order, with their `numbers` in the conversation), steps sorted by time."""
+                unassigned: TimeSpan | None = None) -> list[Turn]:
+    """Turns for `rounds` (in order, with their `numbers` in the conversation), steps sorted by time;
+    with `unassigned`, a last turn of the records of no round in that span of time."""
     ids = [r.pk for r in rounds]
     steps: dict[int | None, list[Step]] = defaultdict(list)
 
-    where = Q(round_id__in=ids) | Q(round__isnull=True) if include_unassigned else Q(round_id__in=ids)
+    def of(model, at: str):
+        # The conversation inside each branch, not around them: the rounds' ids find theirs by the
+        # round index, and the records of no round by the conversation's time index, within the
+        # span, instead of one walk of all the conversation's records.
+        where = Q(round_id__in=ids)
+        if unassigned is not None:
+            where |= Q(conversation=conversation, round__isnull=True) & unassigned.filter(at)
+        return model.objects.filter(where)
 
-    def of(model):
-        return model.objects.filter(where, conversation=conversation)
-
-    calls = list(of(LLMCall).defer(*HEAVY_LLM_FIELDS).order_by("started_at", "pk"))
+    calls = list(of(LLMCall, "started_at").defer(*HEAVY_LLM_FIELDS).order_by("started_at", "pk"))
     lines = diff_lines(calls)  # from the digests loaded with the calls, in a few more queries
     for call in calls:
         steps[call.round_id].append(_llm_step(call, lines[call.pk]))
-    for tool in of(ToolCall).select_related("artifact").order_by("started_at"):
+    for tool in of(ToolCall, "started_at").select_related("artifact").order_by("started_at"):
         steps[tool.round_id].append(Step("tool", tool.started_at, tool))
-    for event in of(CompressionEvent).defer(*HEAVY_COMPRESSION_FIELDS).order_by("occurred_at"):
+    for event in of(CompressionEvent, "occurred_at").defer(*HEAVY_COMPRESSION_FIELDS).order_by("occurred_at"):
         steps[event.round_id].append(Step("compression", event.occurred_at, event))
-    for skill in of(SkillActivation).order_by("activated_at"):
+    for skill in of(SkillActivation, "activated_at").order_by("activated_at"):
         steps[skill.round_id].append(Step("skill", skill.activated_at, skill))
     for items in steps.values():
         items.sort(key=lambda step: step.at)
     turns = [Turn(r, n, steps.get(r.pk, [])) for r, n in zip(rounds, numbers, strict=True)]
-    if include_unassigned and steps.get(None):
+    if unassigned is not None and steps.get(None):
         turns.append(Turn(None, 0, steps[None]))
     return turns
 
 
-def numbered_rounds(conversation: Conversation, round_ids: list[int]) -> tuple[list[Round], list[int]]:
-    """The rounds of `conversation` among `round_ids`, oldest first, and their numbers in the
-    conversation (the position the conversation page gives them), in one query."""
-    earlier = (
-        Round.objects.filter(conversation=OuterRef("conversation"))
-        .filter(Q(started_at__lt=OuterRef("started_at")) | Q(started_at=OuterRef("started_at"), pk__lt=OuterRef("pk")))
-        .order_by()
-        .values("conversation")
-        .annotate(n=Count("pk"))
-        .values("n")
-    )
-    rounds = list(
-        Round.objects.filter(conversation=conversation, pk__in=round_ids)
-        .annotate(earlier=Coalesce(Subquery(earlier), 0))
-        .order_by("started_at", "pk")
-    )
-    return rounds, [r.earlier + 1 for r in rounds]
-
-
-def context_chart(conversation: Conversation) -> dict:
-    """Context usage per LLM call across the conversation, with compression markers between calls."""
+def context_chart(conversation: Conversation, span: TimeSpan | None = None) -> dict:
+    """Context usage per LLM call in `span` of the conversation (all of it when None; at most the
+    latest CHART_CALLS calls), with compression markers between calls."""
+    span = span or TimeSpan()
     calls = list(
-        LLMCall.objects.filter(conversation=conversation)
+        LLMCall.objects.filter(span.filter("started_at"), conversation=conversation)
         .only("pk", "started_at", "input_tokens", "context_tokens", "context_window", "context_composition")
         .order_by("-started_at")[:CHART_CALLS]
     )[::-1]
@@ -124,6 +190,8 @@ def context_chart(conversation: Conversation) -> dict:
         "pk", "occurred_at", "strategy", "tokens_before", "tokens_after")
     if since is not None:
         events = events.filter(occurred_at__gte=since)
+    if span.until is not None:
+        events = events.filter(occurred_at__lt=span.until)
     series["compressions"] = [
         {
             # The marker sits on the first call made after the compression.

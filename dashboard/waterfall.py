@@ -26,7 +26,7 @@ from django.db.models import Expression, F, JSONField, Q
 from django.db.models.functions import Substr
 from django.urls import reverse
 
-from dashboard.views.conversation import LATEST_ROUNDS
+from dashboard.timeline import turns_per_page
 from pipeline import semconv as sc
 from pipeline.ingest.normalise.span import bounded_key, nanos_to_datetime
 from pipeline.ingest.normalise.values import as_int, first, first_str
@@ -226,12 +226,13 @@ def _tree_order(rows: list[_Row]) -> list[tuple[_Row, int, bool]]:
 
 
 def _page_url(round_: Round) -> str:
-    """The conversation page that shows the round: the latest rounds, unless asked for all."""
+    """The conversation page that shows the round: the page of turns it is on (1, the latest: no `?page=`)."""
     page = reverse("conversation", args=[round_.conversation_id])
     newer = Round.objects.filter(conversation_id=round_.conversation_id).filter(
         Q(started_at__gt=round_.started_at) | Q(started_at=round_.started_at, pk__gt=round_.pk)
     )
-    return f"{page}?all=1" if newer.count() >= LATEST_ROUNDS else page
+    number = newer.count() // turns_per_page(round_.conversation) + 1
+    return f"{page}?page={number}" if number > 1 else page
 
 
 @dataclass

@@ -356,8 +356,8 @@ class ConversationQuery(TimeRangeQuery):
 class RoundPageQuery(serializers.Serializer):
     rounds_offset = serializers.IntegerField(required=False, default=0, min_value=0, max_value=2**31 - 1,
                                              help_text="Skip this many rounds, oldest first.")
-    rounds_limit = serializers.IntegerField(required=False, default=100, min_value=1, max_value=500,
-                                            help_text="At most this many rounds (100 unless given, 500 at most).")
+    rounds_limit = serializers.IntegerField(required=False, default=10, min_value=1, max_value=500,
+                                            help_text="At most this many rounds (10 unless given, 500 at most).")
 
 
 def object_id(**kwargs: Any) -> serializers.IntegerField:

@@ -21,6 +21,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from dashboard.api import serializers as s
+from dashboard.paging import CappedLimitOffsetPagination
 from pipeline.artifacts.store import ArtifactError, open_artifact
 from pipeline.drf_auth import BearerKeyAuthentication, ReadAccess
 from pipeline.insight.calls import call_diff
@@ -39,10 +40,19 @@ class ApiPagination(LimitOffsetPagination):
     max_limit = 500
 
 
-class RoundPagination(LimitOffsetPagination):
-    """The rounds of one conversation's detail, oldest first (RoundPageQuery validates the values)."""
+class ConversationPagination(CappedLimitOffsetPagination):
+    """The conversations list, counted only some pages ahead (dashboard.paging): a store of a
+    million conversations is not counted on every request."""
 
-    default_limit = 100
+    default_limit = ApiPagination.default_limit
+    max_limit = ApiPagination.max_limit
+
+
+class RoundPagination(LimitOffsetPagination):
+    """The rounds of one conversation's detail, oldest first (RoundPageQuery validates the values).
+    Ten unless asked for more: each round carries its calls' messages."""
+
+    default_limit = 10
     max_limit = 500
     limit_query_param = "rounds_limit"
     offset_query_param = "rounds_offset"
@@ -76,7 +86,7 @@ def in_range(qs: QuerySet, field: str, since: datetime | None, until: datetime |
                            summary="One conversation: a page of its rounds with LLM calls and tool calls, and totals"),
 )
 class ConversationViewSet(ReadApi, viewsets.ReadOnlyModelViewSet):
-    pagination_class = ApiPagination
+    pagination_class = ConversationPagination
 
     def get_serializer_class(self) -> type[serializers.Serializer]:
         return s.ConversationDetailSerializer if self.action == "retrieve" else s.ConversationSerializer

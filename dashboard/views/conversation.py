@@ -1,4 +1,10 @@
-"""One conversation: header, findings, context-usage chart, and the rounds as a ReAct timeline, live."""
+"""One conversation: header, findings, context-usage chart, and the rounds as a ReAct timeline, live.
+
+The page shows one window of turns (`?page=`, 1 the latest; dashboard.timeline.turn_window) and,
+for that window, the timeline, the context chart and the findings; the findings' totals are the
+conversation's stored counts. Its live fragments take the same `page`, so a refresh costs what
+the window holds, however long the conversation.
+"""
 
 from __future__ import annotations
 
@@ -10,12 +16,11 @@ from django.shortcuts import get_object_or_404, render
 from django.urls import reverse
 
 from dashboard.queries import HEAVY_COMPRESSION_FIELDS
-from dashboard.timeline import build_turns, context_chart, numbered_rounds
+from dashboard.timeline import TurnWindow, build_turns, context_chart, turn_window
 from dashboard.views.common import fragments, fragments_response, page
-from pipeline.insight.findings import SEVERITIES, Finding, conversation_findings
-from pipeline.models import CompressionEvent, Conversation, Round
+from pipeline.insight.findings import CODES, SEVERITIES, Finding, conversation_findings
+from pipeline.models import CompressionEvent, Conversation
 
-LATEST_ROUNDS = 100  # the page shows the latest rounds; ?all=1 shows every one
 MAX_FRAGMENT_ROUNDS = 50
 # Findings about a tool's own call link to its timeline entry; the others to the LLM call page.
 TOOL_CODES = ("repeated_tool_call", "oversized_observation", "retry_storm")
@@ -36,38 +41,47 @@ def _finding_row(finding: Finding) -> FindingRow:
     return FindingRow(finding, "", "")
 
 
-def _findings_context(conversation: Conversation) -> dict:
-    """The findings panel: computed fresh, like the findings API, on every render."""
-    findings = conversation_findings(conversation)
-    severities = Counter(f.severity for f in findings)
-    return {"findings": [_finding_row(f) for f in findings],
-            "finding_severities": [(s, severities[s]) for s in SEVERITIES if severities[s]]}
+def _findings_context(conversation: Conversation, window: TurnWindow) -> dict:
+    """The findings panel: those about the turns shown, computed fresh on every render from the
+    window's calls only. The totals are those of the list when it shows the whole conversation,
+    else the conversation's stored counts (pipeline.insight.finding_counts)."""
+    findings = conversation_findings(conversation, window.span.since, window.span.until)
+    windowed = window.page.paginator.num_pages > 1
+    severities: Counter[str] = Counter()
+    if windowed:
+        for code, n in (conversation.finding_counts or {}).items():
+            if code in CODES and isinstance(n, int):
+                severities[CODES[code]] += n
+    else:
+        severities.update(f.severity for f in findings)
+    return {"findings": [_finding_row(f) for f in findings], "findings_windowed": windowed,
+            "finding_severities": [(s, severities[s]) for s in SEVERITIES if severities[s]], "turn_window": window}
 
 
-def _header_context(conversation: Conversation) -> dict:
-    compressions = (CompressionEvent.objects.filter(conversation=conversation).defer(*HEAVY_COMPRESSION_FIELDS)
-                    .order_by("-occurred_at")[:50])
+def _header_context(conversation: Conversation, window: TurnWindow) -> dict:
+    """The header, and the compressions of the window's span of time (the latest 50)."""
+    compressions = (CompressionEvent.objects.filter(window.span.filter("occurred_at"), conversation=conversation)
+                    .defer(*HEAVY_COMPRESSION_FIELDS).order_by("-occurred_at")[:50])
     return {"conversation": conversation, "compressions": list(compressions)}
 
 
-def _timeline_context(conversation: Conversation, show_all: bool) -> dict:
-    rounds_qs = Round.objects.filter(conversation=conversation).order_by("-started_at", "-pk")
-    total = rounds_qs.count()
-    rounds = list(rounds_qs if show_all else rounds_qs[:LATEST_ROUNDS])[::-1]
-    first = total - len(rounds) + 1
-    turns = build_turns(conversation, rounds, list(range(first, first + len(rounds))), include_unassigned=True)
-    return {"conversation": conversation, "turns": turns, "total_rounds": total, "hidden_rounds": total - len(rounds)}
+def _timeline_context(conversation: Conversation, window: TurnWindow) -> dict:
+    turns = build_turns(conversation, window.rounds, window.numbers, unassigned=window.span)
+    # The pager's links keep nothing else of the query: the page takes no other parameter.
+    return {"conversation": conversation, "turns": turns, "total_rounds": window.total, "page_obj": window.page,
+            "query": "", "turn_window": window}
 
 
 @page
 def conversation_detail(request: HttpRequest, pk: int) -> HttpResponse:
     conversation = get_object_or_404(Conversation, pk=pk)
+    window = turn_window(conversation, request.GET.get("page"))
     context = {
-        **_header_context(conversation),
-        **_findings_context(conversation),
-        **_timeline_context(conversation, request.GET.get("all") == "1"),
+        **_header_context(conversation, window),
+        **_findings_context(conversation, window),
+        **_timeline_context(conversation, window),
         "nav": "conversations",
-        "context_chart": context_chart(conversation),
+        "context_chart": context_chart(conversation, window.span),
     }
     return render(request, "dashboard/conversation.html", context)
 
@@ -85,25 +99,30 @@ def _round_ids(raw: str) -> list[int] | None:
 
 @fragments
 def conversation_fragments(request: HttpRequest, pk: int) -> JsonResponse:
-    """Header, compressions and chart always; `?rounds=1,2` those rounds; `?timeline=1` the whole
-    timeline (the latest rounds, or every one with `&all=1`)."""
+    """Header, compressions, findings and chart always; `?rounds=1,2` those rounds (those of the
+    window only); `?timeline=1` the whole timeline; all of them for the window `?page=` (1, the
+    latest, unless given)."""
     conversation = Conversation.objects.filter(pk=pk).first()
     if conversation is None:
         return JsonResponse({"error": "no such conversation"}, status=404)
     round_ids = _round_ids(request.GET.get("rounds", ""))
     if round_ids is None:
         return JsonResponse({"error": "rounds must be a comma-separated list of ids"}, status=400)
-    header = _header_context(conversation)
+    window = turn_window(conversation, request.GET.get("page"))
+    header = _header_context(conversation, window)
     parts = {
         "conversation-header": ("dashboard/partials/conversation_header.html", header),
         "conversation-compressions": ("dashboard/partials/conversation_compressions.html", header),
-        "conversation-findings": ("dashboard/partials/conversation_findings.html", _findings_context(conversation)),
+        "conversation-findings": ("dashboard/partials/conversation_findings.html",
+                                  _findings_context(conversation, window)),
     }
     if request.GET.get("timeline") == "1":
-        show_all = request.GET.get("all") == "1"
-        parts["timeline"] = ("dashboard/partials/timeline.html", _timeline_context(conversation, show_all))
+        parts["timeline"] = ("dashboard/partials/timeline.html", _timeline_context(conversation, window))
     elif round_ids:
-        rounds, numbers = numbered_rounds(conversation, round_ids)
-        for turn in build_turns(conversation, rounds, numbers):
+        # Only turns of the window, numbered as it numbers them: a turn outside it (a new turn
+        # while an older page is shown) stays off the page.
+        wanted = set(round_ids)
+        shown = [(r, n) for r, n in zip(window.rounds, window.numbers, strict=True) if r.pk in wanted]
+        for turn in build_turns(conversation, [r for r, _ in shown], [n for _, n in shown]):
             parts[turn.dom_id] = ("dashboard/partials/round.html", {"turn": turn, "conversation": conversation})
-    return fragments_response(request, parts, {"context_chart": context_chart(conversation)})
+    return fragments_response(request, parts, {"context_chart": context_chart(conversation, window.span)})

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from django import forms
-from django.core.paginator import Paginator
 from django.db.models import Q, QuerySet
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import render
 from django.utils import timezone
 
+from dashboard.paging import CappedPaginator
 from dashboard.views.common import WINDOW_LABELS, WINDOWS, fragments, fragments_response, page
 from pipeline.insight import finding_counts
 from pipeline.insight.findings import CODES
@@ -51,7 +51,7 @@ class ConversationFilter(forms.Form):
 def _context(request: HttpRequest) -> dict:
     finding_counts.resume()  # once per process: counts an earlier process left stale
     form = ConversationFilter(request.GET or None)
-    paginator = Paginator(form.queryset(), PAGE_SIZE)
+    paginator = CappedPaginator(form.queryset(), PAGE_SIZE, request.GET.get("page"))
     page_obj = paginator.get_page(request.GET.get("page"))
     query = request.GET.copy()
     query.pop("page", None)

@@ -9,7 +9,10 @@ Only digests and token counts are read, never the messages: the timeline asks fo
 every call it shows, and one call's input can be megabytes. A stream can start long before the
 calls asked about, so every earlier call's input digest is read, as text, and only what an
 input adds to the one it extends is decoded: two queries per conversation. One call that extends
-the input of the call just before it (most do) needs only the two.
+the input of the call just before it (most do) needs only the two. Many calls at once (a page of
+the timeline) are read from WINDOW_LOOKBACK calls before the first of them, so a page costs what
+it shows, not what came before it: a stream whose previous call lies further back than that
+shows as starting there.
 """
 
 from __future__ import annotations
@@ -18,7 +21,10 @@ from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any
 
-from pipeline.insight.conversation_rows import CallRow, read_compressions, read_inputs_until
+from django.db.models import Q
+
+from pipeline.insight.conversation_rows import (WINDOW_LOOKBACK, CallRow, lookback_start, read_compressions,
+                                                read_inputs_until)
 from pipeline.insight.diff import CallInput, Compressions, diff_inputs
 from pipeline.models import LLMCall
 
@@ -65,17 +71,20 @@ def call_diff(call: LLMCall) -> dict[str, Any]:
 
 
 def _conversation_diffs(calls: list[LLMCall]) -> dict[int, dict[str, Any]]:
-    """Diffs of `calls`, all of one conversation: two queries."""
+    """Diffs of `calls`, all of one conversation: three queries."""
+    first = min(calls, key=lambda call: (call.started_at, call.pk))
     last = max(calls, key=lambda call: (call.started_at, call.pk))
-    rows = {row.pk: row for row in read_inputs_until(last)}
-    compressions = read_compressions(last.conversation_id)
+    before = Q(started_at__lt=first.started_at) | Q(started_at=first.started_at, pk__lt=first.pk)
+    since = lookback_start(last.conversation_id, before, WINDOW_LOOKBACK)
+    rows = {row.pk: row for row in read_inputs_until(last, since=since)}
+    compressions = read_compressions(last.conversation_id, since)
     # A call deleted since the caller loaded it (retention) has nothing left to compare.
     return {call.pk: _diff(rows[call.pk], compressions) if call.pk in rows
             else diff_inputs(None, CallInput(call.pk, [], 0)) for call in calls}
 
 
 def call_diffs(calls: Sequence[LLMCall]) -> dict[int, dict[str, Any]]:
-    """The diff of every call in `calls` (loaded with at least DIGEST_FIELDS), by call id, in two
+    """The diff of every call in `calls` (loaded with at least DIGEST_FIELDS), by call id, in three
     queries per conversation whatever the number of calls."""
     by_conversation: dict[int, list[LLMCall]] = defaultdict(list)
     for call in calls:

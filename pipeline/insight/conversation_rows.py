@@ -40,6 +40,9 @@ from pipeline.models import CompressionEvent, LLMCall, ToolCall
 TOOL_FIELDS = ("round_id", "llm_call_id", "started_at", "tool_name", "tool_call_id", "arguments",
                "observation_tokens", "success", "error_type", "error_code", "error_message", "retry_count")
 STREAM_LOOKBACK = 16  # earlier calls with the same first message a call may follow
+# A window of a conversation's calls (a page of its turns) is read with this many calls before it:
+# what its first calls follow. A stream whose previous call lies further back starts there.
+WINDOW_LOOKBACK = 32
 
 Entry = dict[str, Any]
 _DECODER = json.JSONDecoder()
@@ -88,10 +91,33 @@ def _input_text() -> Cast:
     return Cast("input_digest", TextField())  # decoded by read_streams, only what is new
 
 
-def read_conversation(conversation_id: int) -> tuple[list[CallRow], list[ToolRow], Compressions]:
+@dataclass(frozen=True)
+class ConversationRows:
+    """What `read_conversation` read: LLM calls and tool calls in time order, the compressions
+    (from the first call read on, to the end), and how many LLM calls of the conversation come
+    before the first call read."""
+
+    calls: list[CallRow]
+    tools: list[ToolRow]
+    compressions: Compressions
+    calls_before: int = 0
+
+
+def read_conversation(conversation_id: int, since: datetime | None = None,
+                      until: datetime | None = None, lookback: int = 0) -> ConversationRows:
     """The conversation's LLM calls and tool calls in time order, with their inputs and streams
-    read, and its compressions: three queries."""
-    rows = (LLMCall.objects.filter(conversation_id=conversation_id).order_by("started_at", "id")
+    read, and its compressions. With `since` / `until`, only those started in [since, until), plus
+    the `lookback` LLM calls before `since` (and what started since the first of them), which give
+    the first calls of the span the calls they follow: a few queries, whatever the conversation's
+    length."""
+    start = since if since is None or not lookback else lookback_start(conversation_id, Q(started_at__lt=since),
+                                                                         lookback)
+    span = Q()
+    if start is not None:
+        span &= Q(started_at__gte=start)
+    if until is not None:
+        span &= Q(started_at__lt=until)
+    rows = (LLMCall.objects.filter(span, conversation_id=conversation_id).order_by("started_at", "id")
             .annotate(input_text=_input_text())
             .values_list("id", "started_at", "input_tokens", "round_id", "model", "context_tokens", "context_window",
                          "output_digest", "input_text"))
@@ -100,15 +126,28 @@ def read_conversation(conversation_id: int) -> tuple[list[CallRow], list[ToolRow
         calls.append(CallRow(*columns, entries(output)))
         texts.append(text)
     read_streams(calls, texts)
-    tools = [ToolRow(*row) for row in ToolCall.objects.filter(conversation_id=conversation_id)
+    tools = [ToolRow(*row) for row in ToolCall.objects.filter(span, conversation_id=conversation_id)
              .order_by("started_at", "id").values_list("id", *TOOL_FIELDS)]
-    return calls, tools, read_compressions(conversation_id)
+    before = 0 if start is None else LLMCall.objects.filter(conversation_id=conversation_id,
+                                                             started_at__lt=start).count()
+    return ConversationRows(calls, tools, read_compressions(conversation_id, start), before)
 
 
-def read_inputs_until(call: LLMCall, latest: int | None = None) -> list[CallRow]:
-    """The LLM calls of `call`'s conversation up to `call` itself (only the `latest` of them, when
-    given), in time order, with their inputs and streams read (no outputs): one query."""
+def lookback_start(conversation_id: int, before: Q, lookback: int) -> datetime | None:
+    """When the `lookback`-th latest LLM call of the conversation matching `before` started; None
+    when fewer match (read from the beginning)."""
+    earlier = (LLMCall.objects.filter(before, conversation_id=conversation_id).order_by("-started_at", "-id")
+               .values_list("started_at", flat=True))
+    return next(iter(earlier[lookback - 1:lookback]), None)
+
+
+def read_inputs_until(call: LLMCall, latest: int | None = None, since: datetime | None = None) -> list[CallRow]:
+    """The LLM calls of `call`'s conversation up to `call` itself (only the `latest` of them, or
+    those started from `since` on, when given), in time order, with their inputs and streams read
+    (no outputs): one query."""
     up_to = Q(started_at__lt=call.started_at) | Q(started_at=call.started_at, pk__lte=call.pk)
+    if since is not None:
+        up_to &= Q(started_at__gte=since)
     rows = (LLMCall.objects.filter(up_to, conversation_id=call.conversation_id).order_by("-started_at", "-id")
             .annotate(input_text=_input_text()).values_list("id", "started_at", "input_tokens", "input_text"))
     calls, texts = [], []
@@ -119,9 +158,12 @@ def read_inputs_until(call: LLMCall, latest: int | None = None) -> list[CallRow]
     return calls
 
 
-def read_compressions(conversation_id: int) -> Compressions:
-    return Compressions.of(CompressionEvent.objects.filter(conversation_id=conversation_id)
-                           .values_list("occurred_at", "llm_call_id"))
+def read_compressions(conversation_id: int, since: datetime | None = None) -> Compressions:
+    """The conversation's compressions (those from `since` on, when given)."""
+    events = CompressionEvent.objects.filter(conversation_id=conversation_id)
+    if since is not None:
+        events = events.filter(occurred_at__gte=since)
+    return Compressions.of(events.values_list("occurred_at", "llm_call_id"))
 
 
 def entries(value: Any) -> list[Entry]:

@@ -58,7 +58,7 @@ from datetime import datetime
 from typing import Any
 
 from pipeline.conf import ctxlens_config
-from pipeline.insight.conversation_rows import CallRow, Entry, ToolRow, read_conversation
+from pipeline.insight.conversation_rows import WINDOW_LOOKBACK, CallRow, Entry, ToolRow, read_conversation
 from pipeline.insight.diff import CallInput, Compressions, diff_inputs
 from pipeline.models import Conversation
 from pipeline.tokens.counting import context_window
@@ -115,10 +115,22 @@ def finding_counts(findings: Iterable[Finding]) -> dict[str, int]:
     return {code: counts[code] for code in CODES if counts[code]}
 
 
-def conversation_findings(conversation: Conversation) -> list[Finding]:
-    """Every finding of `conversation`, in the order of the time of the call each is about."""
-    calls, tools, compressions = read_conversation(conversation.pk)
-    return _Checks(conversation, calls, tools, compressions).run()
+def conversation_findings(conversation: Conversation, since: datetime | None = None,
+                          until: datetime | None = None) -> list[Finding]:
+    """Every finding of `conversation`, in the order of the time of the call each is about.
+
+    With `since` / `until`, the findings about calls in [since, until) only (a page's window of
+    turns), computed from the calls of that span and the WINDOW_LOOKBACK before it, so the work
+    does not grow with the conversation. Checks that look across the whole conversation see only
+    that much of it: a tool call id also used before the lookback is not a duplicate there (every
+    compression after the lookback's start counts, so near_window_limit is as it is unwindowed).
+    """
+    if since is None and until is None:
+        rows = read_conversation(conversation.pk)
+        return _Checks(conversation, rows.calls, rows.tools, rows.compressions).run()
+    rows = read_conversation(conversation.pk, since, until, lookback=WINDOW_LOOKBACK)
+    found = _Checks(conversation, rows.calls, rows.tools, rows.compressions, rows.calls_before).run()
+    return [f for f in found if f.at is None or ((since is None or f.at >= since) and (until is None or f.at < until))]
 
 
 def _ids(digest: list[Entry], key: str) -> list[str]:
@@ -157,12 +169,13 @@ class _Checks:
     """One conversation's calls, read once, and the checks over them."""
 
     def __init__(self, conversation: Conversation, calls: list[CallRow], tools: list[ToolRow],
-                 compressions: Compressions) -> None:
+                 compressions: Compressions, calls_before: int = 0) -> None:
         self.conversation = conversation
         self.calls = calls
         self.tools = tools
         self.compressions = compressions
-        self.number = {call.pk: n for n, call in enumerate(calls, 1)}  # "LLM call #n" in messages
+        # "LLM call #n" in messages: n counts the conversation's calls, read or not.
+        self.number = {call.pk: n for n, call in enumerate(calls, calls_before + 1)}
         self.calls_by_id = {call.pk: call for call in calls}
         self.starts = [call.started_at for call in calls]
         self.tools_by_id: dict[str, list[ToolRow]] = defaultdict(list)

@@ -68,6 +68,10 @@ class LLMCall(SpanRecordMixin):
         indexes = [
             models.Index(fields=["id"], condition=models.Q(tokens_pending=True), name="llm_tokens_pending_idx"),
             models.Index(fields=["conversation", "started_at"], name="llm_conv_started_idx"),
+            # A conversation's totals (the detail API) from the index alone: cost_usd sits past the
+            # messages and digests in each row, so reading it from the rows walks their overflow pages.
+            models.Index(fields=["conversation", "input_tokens", "output_tokens", "status", "cost_usd"],
+                         name="llm_conv_totals_idx"),
             models.Index(fields=["started_at"], name="llm_started_idx"),
             models.Index(fields=["model", "started_at"], name="llm_model_started_idx"),
             # The dashboard's "recent errors": the latest failed calls without walking every call.

@@ -35,14 +35,15 @@ function insertTurn(turn) {
 
 const refresh = serialised(async () => {
   const params = new URLSearchParams();
+  // The fragments are those of the window of turns this page shows (1, the latest, unless given):
+  // its findings, its chart, and only its turns (a new turn shows on the latest page only).
+  const page = new URLSearchParams(location.search).get("page");
+  if (page) params.set("page", page);
   const rounds = [...pendingRounds];
   const whole = wholeTimeline || rounds.length > MAX_ROUNDS_PER_FETCH;
   pendingRounds.clear();
   wholeTimeline = false;
-  if (whole) {
-    params.set("timeline", "1");
-    if (new URLSearchParams(location.search).get("all") === "1") params.set("all", "1");
-  }
+  if (whole) params.set("timeline", "1");
   else if (rounds.length) params.set("rounds", rounds.join(","));
   let json;
   try {

@@ -213,7 +213,7 @@ def test_the_conversation_detail_query_count_does_not_grow_with_its_size(api, dj
     with django_assert_max_num_queries(12) as small_queries:
         assert api.get(f"/api/conversations/{small.id}/").status_code == 200
     with django_assert_max_num_queries(12) as big_queries:
-        reply = api.get(f"/api/conversations/{big.id}/")
+        reply = api.get(f"/api/conversations/{big.id}/?rounds_limit=30")
 
     assert len(reply.json()["rounds"]) == 30
     assert len(big_queries.captured_queries) == len(small_queries.captured_queries)
@@ -227,14 +227,14 @@ def test_a_long_conversation_gives_its_rounds_a_page_at_a_time(api):
     first = api.get(f"/api/conversations/{conv.id}/").json()
     seen = [r["key"] for r in first["rounds"]]
     reply = first
-    for _ in range(2):
+    while reply["rounds_next"]:
         reply = api.get(reply["rounds_next"]).json()
         seen += [r["key"] for r in reply["rounds"]]
     widest = api.get(f"/api/conversations/{conv.id}/?rounds_limit=500").json()
     past_the_end = api.get(f"/api/conversations/{conv.id}/?rounds_offset={2**31 - 1}").json()
 
-    assert first["rounds_total"] == 230 and len(first["rounds"]) == 100
-    assert "rounds_offset=100" in first["rounds_next"]
+    assert first["rounds_total"] == 230 and len(first["rounds"]) == 10
+    assert "rounds_offset=10" in first["rounds_next"]
     assert seen == [f"r{i:03}" for i in range(230)]
     assert reply["rounds_next"] is None
     assert len(widest["rounds"]) == 230 and widest["rounds_next"] is None

@@ -377,7 +377,7 @@ def test_a_compression_span_links_to_its_timeline_entry():
 
 
 @pytest.mark.django_db
-def test_a_turn_older_than_the_pages_latest_links_to_the_page_with_every_turn():
+def test_a_turn_older_than_the_pages_latest_links_to_the_page_of_turns_it_is_on():
     conversation = {"conversation_id": "long-conversation"}
 
     def turn(round_id: str, at: str, *, call: bool = False) -> list[dict]:
@@ -387,16 +387,16 @@ def test_a_turn_older_than_the_pages_latest_links_to_the_page_with_every_turn():
                            "model": "gpt-4o", "started_at": f"2026-05-01T{at}Z", "duration_ms": 10})
         return events
 
-    newer = [e for i in range(100) for e in turn(f"r{i}", f"12:{i // 60:02d}:{i % 60:02d}", call=i == 0)]
+    newer = [e for i in range(20) for e in turn(f"r{i}", f"12:{i // 60:02d}:{i % 60:02d}", call=i == 0)]
     ingest(*turn("old", "11:00:00", call=True), *newer)
     page = reverse("conversation", args=[Conversation.objects.get(external_id="long-conversation").pk])
 
     def link(key: str) -> str:
         return next(s["timeline"]["url"] for s in waterfall(Round.objects.get(key=key))["spans"] if s["timeline"])
 
-    # The page shows the latest 100 turns: "r0" is the 100th newest, "old" is not among them.
+    # Turns of one call or none: the page shows the latest 20, "r0" the 20th newest; "old" is on the next page.
     old_call, first_call = (LLMCall.objects.get(round__key=key) for key in ("old", "r0"))
-    assert link("old") == f"{page}?all=1#llm-{old_call.pk}"
+    assert link("old") == f"{page}?page=2#llm-{old_call.pk}"
     assert link("r0") == f"{page}#llm-{first_call.pk}"
 
 

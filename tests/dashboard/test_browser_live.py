@@ -143,3 +143,54 @@ def test_a_conversation_whose_live_fetch_fails_fetches_the_new_turn_again(live_u
     expect(page.locator(".turn").filter(has_text="And in Bergen?")).to_be_visible(timeout=8000)
     assert len(failed) == 2 and "rounds=" in failed[0]
     assert page.evaluate("window.__not_reloaded")
+
+
+def _one_turn_a_page(rounds: int, external_id: str):
+    """A conversation whose turns are 40 steps each by their stored counts: one turn a page."""
+    demo = make_conversation(external_id, rounds=rounds)
+    Round.objects.filter(conversation=demo.conversation).update(llm_call_count=40, tool_call_count=0)
+    Conversation.objects.filter(pk=demo.conversation.pk).update(round_count=rounds, llm_call_count=40 * rounds,
+                                                                tool_call_count=0)
+    return demo
+
+
+def test_a_long_conversation_pages_through_its_turns(live_uvicorn, page, alice):
+    demo = _one_turn_a_page(3, "conv-pages")
+    log_in(page, live_uvicorn)
+    page.goto(f"{live_uvicorn.url}/conversations/{demo.conversation.pk}/")
+    expect(page.locator("#timeline-window")).to_have_text("Showing turns 3–3 of 3.")
+    expect(page.locator(".turn h3")).to_have_text(["Turn 3"])
+    page.locator(".pager").first.get_by_role("link", name="Older →").click()
+    expect(page.locator(".turn h3")).to_have_text(["Turn 2"])
+    assert page.url.endswith("?page=2")
+    # The chart shows the calls of the turn shown: its two LLM calls.
+    assert page.evaluate("Chart.getChart('context-chart').data.labels.length") == 2
+    page.locator(".pager").first.get_by_role("link", name="Older →").click()
+    expect(page.locator(".turn h3")).to_have_text(["Turn 1"])
+    expect(page.locator(".pager").first.get_by_role("link", name="Older →")).to_have_count(0)
+    page.locator(".pager").first.get_by_role("link", name="← Newer").click()
+    expect(page.locator(".turn h3")).to_have_text(["Turn 2"])
+
+
+def test_a_new_turn_appears_live_on_the_latest_page_only(live_uvicorn, page, alice):
+    demo = _one_turn_a_page(2, "conv-pages-live")
+    log_in(page, live_uvicorn)
+    page.goto(f"{live_uvicorn.url}/conversations/{demo.conversation.pk}/")
+    older = page.context.new_page()
+    older.goto(f"{live_uvicorn.url}/conversations/{demo.conversation.pk}/?page=2")
+    wait_live(page)
+    wait_live(older)
+    page.wait_for_load_state("networkidle")
+    older.wait_for_load_state("networkidle")
+    for tab in (page, older):
+        tab.evaluate("window.__not_reloaded = true")
+
+    send_turn(live_uvicorn, ingest_key(), "conv-pages-live", tool="get_weather", observation="Rain, 9 °C",
+              user_message="And in Bergen?")
+    expect(page.locator(".turn").filter(has_text="And in Bergen?")).to_be_visible(timeout=8000)
+    expect(page.locator(".turn h3")).to_have_text(["Turn 2", "Turn 3"])
+    # The older page refreshed its header, and kept its one turn.
+    expect(older.locator('#conversation-header [data-stat="rounds"]')).to_have_text("3", timeout=8000)
+    expect(older.locator(".turn h3")).to_have_text(["Turn 1"])
+    assert page.evaluate("window.__not_reloaded") and older.evaluate("window.__not_reloaded")
+    older.close()

@@ -259,15 +259,31 @@ def test_artifact_with_an_html_payload_previews_as_text(client_alice, artifact_d
 
 
 def test_a_long_conversation_shows_its_latest_turns_numbered_in_the_conversation(client_alice, demo, monkeypatch):
-    monkeypatch.setattr("dashboard.views.conversation.LATEST_ROUNDS", 2)
+    monkeypatch.setattr("dashboard.timeline.MAX_TURNS_PER_PAGE", 2)
     url = reverse("conversation", args=[demo.conversation.pk])
     response = client_alice.get(url)
+    html = response.content.decode()
     assert [t.number for t in response.context["turns"]] == [2, 3]
-    assert "Showing the latest 2 of 3 turns" in response.content.decode()
-    assert [t.number for t in client_alice.get(url, {"all": "1"}).context["turns"]] == [1, 2, 3]
-    fragment = client_alice.get(reverse("conversation-fragments", args=[demo.conversation.pk]),
-                                {"timeline": "1", "all": "1"}).json()["fragments"]["timeline"]
-    assert fragment.count('<article id="round-') == 3
+    assert "Showing turns 2–3 of 3." in html and 'href="?page=2"' in html
+    older = client_alice.get(url, {"page": "2"})
+    assert [t.number for t in older.context["turns"]] == [1]
+    assert 'href="?page=1"' in older.content.decode()
+    fragments = reverse("conversation-fragments", args=[demo.conversation.pk])
+    fragment = client_alice.get(fragments, {"timeline": "1", "page": "2"}).json()["fragments"]["timeline"]
+    assert fragment.count('<article id="round-') == 1 and "Showing turns 1–1 of 3." in fragment
+    # A live refresh of the older page leaves out the turns it does not show.
+    rounds = ",".join(str(r.pk) for r in demo.rounds)
+    parts = client_alice.get(fragments, {"rounds": rounds, "page": "2"}).json()["fragments"]
+    assert [key for key in parts if key.startswith("round-")] == [f"round-{demo.rounds[0].pk}"]
+
+
+def test_a_page_of_older_turns_charts_the_calls_of_those_turns(client_alice, demo, monkeypatch):
+    monkeypatch.setattr("dashboard.timeline.MAX_TURNS_PER_PAGE", 2)
+    url = reverse("conversation", args=[demo.conversation.pk])
+    in_round = {r.pk: [c.pk for c in demo.llm_calls if c.round_id == r.pk] for r in demo.rounds}
+    latest, older = client_alice.get(url), client_alice.get(url, {"page": "2"})
+    assert latest.context["context_chart"]["ids"] == in_round[demo.rounds[1].pk] + in_round[demo.rounds[2].pk]
+    assert older.context["context_chart"]["ids"] == in_round[demo.rounds[0].pk]
 
 
 def test_llm_call_page_shows_what_the_model_saw(client_alice, demo):

@@ -28,7 +28,7 @@ URLS: dict[str, Url] = {
     "conversations": lambda d: reverse("conversations"),
     "conversations filtered": lambda d: reverse("conversations") + "?q=weather&status=ok&window=24h",
     "conversation": lambda d: reverse("conversation", args=[d.conversation.pk]),
-    "conversation all rounds": lambda d: reverse("conversation", args=[d.conversation.pk]) + "?all=1",
+    "conversation older turns": lambda d: reverse("conversation", args=[d.conversation.pk]) + "?page=2",
     "llm call": lambda d: reverse("llm-call", args=[d.llm_calls[-1].pk]),
     "compressions": lambda d: reverse("compressions"),
     "compression": lambda d: reverse("compression", args=[d.compression.pk]),
@@ -45,7 +45,7 @@ URLS: dict[str, Url] = {
     "conversation round fragments": (
         lambda d: reverse("conversation-fragments", args=[d.conversation.pk]) + f"?rounds={rounds_of(d)}"),
     "conversation timeline fragment": (
-        lambda d: reverse("conversation-fragments", args=[d.conversation.pk]) + "?timeline=1&all=1"),
+        lambda d: reverse("conversation-fragments", args=[d.conversation.pk]) + "?timeline=1&page=2"),
     "api conversations": lambda d: "/api/conversations/?search=weather",
     "api conversation": lambda d: f"/api/conversations/{d.conversation.pk}/",
     "api llm call": lambda d: f"/api/llm-calls/{d.llm_calls[-1].pk}/",
@@ -99,7 +99,7 @@ def test_the_query_count_does_not_grow_with_the_store(client, alice, artifact_di
 # Pages that list or chart records, and the columns they must not read: each can hold a whole
 # context window (megabytes a row with a real agent), shown only on the page of that one record.
 HEAVY_COLUMNS = ('"input_messages"', '"before_messages"', '"after_messages"', '"observation"')
-LISTS = ["overview", "overview all time", "conversation", "conversation all rounds", "compressions", "tool calls",
+LISTS = ["overview", "overview all time", "conversation", "conversation older turns", "compressions", "tool calls",
          "one tool's failures", "overview fragments", "conversation fragments", "conversation round fragments",
          "conversation timeline fragment"]
 

@@ -126,3 +126,37 @@ def test_the_overview_ranks_the_codes_of_the_conversations_active_in_its_window(
     fragment = client_alice.get(reverse("overview-fragments"), {"window": "24h"}).json()["fragments"]
     assert f'href="{reverse("conversations")}?finding=orphan_tool_result&amp;window=24h"' in fragment[
         "overview-findings"]
+
+
+def test_a_page_of_turns_lists_the_findings_about_those_turns_with_the_conversations_totals(
+        client_alice, api, monkeypatch):
+    monkeypatch.setattr("dashboard.timeline.MAX_TURNS_PER_PAGE", 1)
+    monkeypatch.setattr("pipeline.insight.findings.WINDOW_LOOKBACK", 1)  # read one call before the page
+    conversation = Conversation("paged", start=timezone.now() - timedelta(minutes=5))
+    for n in (1, 2, 3):
+        asked = assistant(None, (f"call_{n}", "fetch_page", {"page": n}))
+        left_behind = [result("call_9", "left behind")] if n == 3 else []
+        conversation.turn(f"r{n}", f"Page {n}?").llm([system(), user(f"Page {n}?"), *left_behind], asked,
+                                                     window=10_000)
+        conversation.tool(f"call_{n}", "fetch_page", {"page": n}, "<html>…</html>", tokens=3000 if n != 2 else 10)
+    conversation_id = conversation.send(api)
+    finding_counts.refresh_stale()
+    url = reverse("conversation", args=[conversation_id])
+
+    def panel(page: str) -> str:
+        html = client_alice.get(url, {"page": page}).content.decode()
+        section = html[html.index('id="conversation-findings"'):]
+        return section[:section.index("</section>")]
+
+    latest, middle, oldest = panel("1"), panel("2"), panel("3")
+    # The totals: the whole conversation's stored counts (each turn leaves its tool call unanswered
+    # in the next input, the last carries an orphan result, turns 1 and 3 an oversized observation).
+    for shown in (latest, middle, oldest):
+        assert "3 errors · 2 warnings in the conversation" in shown
+    assert "Listed: the findings about turns 3–3" in latest
+    # Numbered in the whole conversation although the page read only calls #2 and #3.
+    assert "The input of LLM call #3 has a tool result for call_9" in latest
+    assert "LLM call #2 asked for tool call call_2 (fetch_page); the input of the next LLM call, #3" in latest
+    assert latest.count('data-code="oversized_observation"') == 1 and latest.count('class="finding"') == 3
+    assert middle.count('class="finding"') == 1 and "LLM call #1 asked for tool call call_1" in middle
+    assert oldest.count('class="finding"') == 1 and 'data-code="oversized_observation"' in oldest

@@ -94,7 +94,7 @@ def test_a_compression_before_the_previous_call_does_not_explain_a_later_edit(ap
     assert call_diff(case.calls[1])["cache_break_reason"] == "edit"
 
 
-def test_the_batch_gives_every_call_the_diff_it_has_alone_in_two_queries(api):
+def test_the_batch_gives_every_call_the_diff_it_has_alone_in_three_queries(api):
     built = [cases.append_only(api), cases.edit_in_the_middle(api), cases.compression(api),
              cases.system_prompt_change(api)]
     for case in built:
@@ -103,8 +103,8 @@ def test_the_batch_gives_every_call_the_diff_it_has_alone_in_two_queries(api):
             diffs = call_diffs(calls)
 
         assert diffs == {call.pk: call_diff(call) for call in case.calls}
-        # The calls' input digests up to the last one, the compressions.
-        assert len(captured.captured_queries) == 2
+        # Where the lookback starts, the calls' input digests from there to the last one, the compressions.
+        assert len(captured.captured_queries) == 3
         assert not [q for q in captured.captured_queries if "input_messages" in q["sql"]]
 
 
@@ -114,8 +114,8 @@ def test_the_batch_finds_the_previous_call_of_calls_it_was_not_given(api):
 
     with CaptureQueriesContext(connection) as captured:
         diffs = call_diffs([third, first])
-    # The input digests up to the third call, the compressions.
-    assert len(captured.captured_queries) == 2
+    # Where the lookback starts, the input digests up to the third call, the compressions.
+    assert len(captured.captured_queries) == 3
     assert not [q for q in captured.captured_queries if "input_messages" in q["sql"]]
 
     assert diffs == {first.pk: call_diff(first), third.pk: call_diff(third)}
@@ -124,7 +124,20 @@ def test_the_batch_finds_the_previous_call_of_calls_it_was_not_given(api):
     with CaptureQueriesContext(connection) as captured:
         alone = call_diffs([third])
     assert alone == {third.pk: call_diff(third)}
-    assert len(captured.captured_queries) == 2
+    assert len(captured.captured_queries) == 3
+
+
+def test_the_batch_reads_only_a_lookback_of_calls_before_the_first_it_was_given(api, monkeypatch):
+    monkeypatch.setattr("pipeline.insight.calls.WINDOW_LOOKBACK", 1)
+    case = cases.append_only(api)
+    first, second, third = digests_of(case.calls)
+
+    with CaptureQueriesContext(connection) as captured:
+        diffs = call_diffs([third])
+
+    assert diffs == {third.pk: call_diff(third)} and diffs[third.pk]["previous_call_id"] == second.pk
+    digests = next(q["sql"] for q in captured.captured_queries if "input_digest" in q["sql"])
+    assert '"started_at" >=' in digests  # from the second call on, not from the first
 
 
 def test_the_batch_takes_calls_of_several_conversations(api):
