@@ -100,11 +100,14 @@ SQLITE_OPTIONS = {
 }
 DATABASE_URL = env_str("DATABASE_URL")
 if DATABASE_URL:
-    # Persistent connections are checked before reuse (once per request or database_sync_to_async
-    # call), so a database restart costs one reconnect instead of a failed request per thread.
+    # Under ASGI each request's sync code runs on a thread of its own, so a connection kept past
+    # the request would stay open in a thread that is gone, one per request, until PostgreSQL
+    # refuses clients: requests close theirs (CONN_MAX_AGE 0, as Django's docs advise for ASGI).
+    # The ingest writer thread keeps its own (pipeline.ingest.write.writer_threads). Connections
+    # are checked before reuse, so a database restart costs one reconnect, not a failed request.
     DATABASES = {
         "default": dj_database_url.parse(
-            DATABASE_URL, conn_max_age=env_int("CONN_MAX_AGE", 60), conn_health_checks=True
+            DATABASE_URL, conn_max_age=env_int("CONN_MAX_AGE", 0), conn_health_checks=True
         )
     }
 else:
@@ -113,7 +116,7 @@ DATABASE_REPLICA_URL = env_str("DATABASE_REPLICA_URL")
 if DATABASE_REPLICA_URL:
     # The dashboard's reads of trace data (dashboard.replica); in tests, the primary itself.
     DATABASES["replica"] = {
-        **dj_database_url.parse(DATABASE_REPLICA_URL, conn_max_age=env_int("CONN_MAX_AGE", 60),
+        **dj_database_url.parse(DATABASE_REPLICA_URL, conn_max_age=env_int("CONN_MAX_AGE", 0),
                                 conn_health_checks=True),
         "TEST": {"MIRROR": "default"},
     }

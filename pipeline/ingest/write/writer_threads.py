@@ -142,6 +142,14 @@ def _release_connection() -> None:
 
 
 @receiver(connection_created)
+def _writer_keeps_its_connection(sender: Any, connection: Any, **kwargs: Any) -> None:
+    """A writer thread lives as long as its pool, so it keeps its connection past CONN_MAX_AGE
+    (0 for request threads, which end with their request) until it is idle or broken."""
+    if threading.current_thread().name.startswith(THREAD_PREFIX):
+        connection.close_at = None
+
+
+@receiver(connection_created)
 def _writer_leaves_checkpoints(sender: Any, connection: Any, **kwargs: Any) -> None:
     if connection.vendor == "sqlite" and threading.current_thread().name.startswith(THREAD_PREFIX):
         with connection.cursor() as cursor:
