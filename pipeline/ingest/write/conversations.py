@@ -70,14 +70,18 @@ def _conversations_by_external_id(externals: list[str]) -> dict[str, Conversatio
 
 def _stored_conversations(trace_ids: list[str]) -> dict[str, tuple[int, str]]:
     """{trace_id: (conversation id, external id)} for traces that already have stored spans."""
-    rows = sql.fetch(
-        f"SELECT DISTINCT s.trace_id, c.id, c.external_id FROM {sql.table(Span)} s "
-        f"JOIN {sql.table(Conversation)} c ON c.id = s.conversation_id WHERE s.trace_id IN ({sql.marks(trace_ids)})",
-        trace_ids,
-    )
     stored: dict[str, tuple[int, str]] = {}
-    for trace_id, conversation_id, external_id in rows:
-        stored.setdefault(trace_id, (conversation_id, external_id))
+    for chunk in sql.chunked(trace_ids, sql.SPAN_CHUNK):
+        # One span per trace is enough (all of a trace's spans share its conversation): an index
+        # probe per trace, never a read of the whole trace.
+        first = (f"SELECT v.column1 AS trace_id, (SELECT s.conversation_id FROM {sql.table(Span)} s "
+                 f"WHERE s.trace_id = v.column1 LIMIT 1) AS conversation_id "
+                 f"FROM (VALUES {', '.join(['(%s)'] * len(chunk))}) AS v")
+        for trace_id, conversation_id, external_id in sql.fetch(
+            f"SELECT t.trace_id, c.id, c.external_id FROM ({first}) t "
+            f"JOIN {sql.table(Conversation)} c ON c.id = t.conversation_id", list(chunk),
+        ):
+            stored[trace_id] = (conversation_id, external_id)
     return stored
 
 

@@ -54,6 +54,29 @@ def chunked(values: Sequence[Any], size: int = PAIR_CHUNK) -> Iterable[Sequence[
     return (values[i:i + size] for i in range(0, len(values), size))
 
 
+# Rows found by their (trace_id, span_id) go this many pairs to a query.
+SPAN_CHUNK = 500
+
+
+def by_spans(model: type[Model], names: Sequence[str], keys: Iterable[tuple[str, str]]) -> list[tuple]:
+    """(trace_id, span_id, *names) of the rows of `model` whose (trace_id, span_id) is in `keys`.
+
+    The pairs are a VALUES list joined on the unique (trace_id, span_id) index: one index probe
+    per pair, whatever else the traces hold (two IN lists would probe every pair of them, and a
+    lookup by trace alone reads the whole trace).
+    """
+    keys, rows = sorted(set(keys)), []
+    selected = "".join(f", x.{quote(n)}" for n in names)
+    for chunk in chunked(keys, SPAN_CHUNK):
+        values = ", ".join(["(%s, %s)"] * len(chunk))
+        rows += fetch(
+            f"SELECT x.trace_id, x.span_id{selected} FROM (VALUES {values}) AS v "
+            f"JOIN {table(model)} x ON x.trace_id = v.column1 AND x.span_id = v.column2",
+            [value for key in chunk for value in key],
+        )
+    return rows
+
+
 def fetch(query: str, params: Sequence[Any] = ()) -> list[tuple]:
     with connection.cursor() as cursor:
         cursor.execute(query, params)
@@ -197,13 +220,10 @@ def fetch_ids(model: type[Model], rows: Sequence[Model]) -> None:
     if not rows:
         return
     by_key = {(row.trace_id, row.span_id): row for row in rows}
-    traces = sorted({k[0] for k in by_key})
-    found = fetch(f"SELECT trace_id, span_id, id FROM {table(model)} WHERE trace_id IN ({marks(traces)})", traces)
-    for trace_id, span_id, pk in found:
-        row = by_key.get((trace_id, span_id))
-        if row is not None:
-            row.pk = pk
-            row._state.adding = False
+    for trace_id, span_id, pk in by_spans(model, ["id"], by_key):
+        row = by_key[(trace_id, span_id)]
+        row.pk = pk
+        row._state.adding = False
 
 
 # ---- reads ----------------------------------------------------------------------------------

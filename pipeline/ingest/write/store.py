@@ -213,13 +213,7 @@ def _store(
 def _stored_spans(spans: list[NormalisedSpan]) -> dict[tuple[str, str], int]:
     """{(trace_id, span_id): end_time_unix_nano} of the batch's spans that are already stored."""
     wanted = {(s.record.trace_id, s.record.span_id) for s in spans}
-    traces = sorted({k[0] for k in wanted})
-    # By trace only: an IN list on both columns makes SQLite probe every (trace, span) pair.
-    rows = sql.fetch(
-        f"SELECT trace_id, span_id, end_time_unix_nano FROM {sql.table(Span)} WHERE trace_id IN ({sql.marks(traces)})",
-        traces,
-    )
-    return {(t, s): end for t, s, end in rows if (t, s) in wanted}
+    return {(t, s): end for t, s, end in sql.by_spans(Span, ["end_time_unix_nano"], wanted)}
 
 
 def _committed(changes: IngestChanges, pending: bool) -> None:
