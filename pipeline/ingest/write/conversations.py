@@ -40,6 +40,7 @@ from pipeline.models import (
     Span,
     Status,
     ToolCall,
+    ToolRequest,
     ToolResultCarry,
 )
 
@@ -99,8 +100,10 @@ def _locked_conversations(ids: list[int]) -> dict[str, Conversation]:
     return {c.external_id: c for c in sql.instances(Conversation, CONVERSATION_COLUMNS, rows)}
 
 
-def resolve_conversations(spans: list[NormalisedSpan]) -> tuple[dict[str, Conversation], set[int]]:
-    """{trace_id: Conversation} for every trace in `spans`, and the ids of conversations created.
+def resolve_conversations(spans: list[NormalisedSpan]) -> tuple[dict[str, Conversation], set[int], bool]:
+    """{trace_id: Conversation} for every trace in `spans`, the ids of conversations created, and
+    whether a placeholder was merged into another conversation (its rounds then hold rows that
+    were never linked together).
 
     The caller holds the locks of the batch's traces (`sql.lock_traces`), so what is stored of
     each trace cannot change while its conversation is decided.
@@ -169,7 +172,7 @@ def resolve_conversations(spans: list[NormalisedSpan]) -> tuple[dict[str, Conver
         if before != tuple(getattr(conversation, n) for n in CONVERSATION_COLUMNS):
             changed.append(conversation)
     sql.update_rows(Conversation, sorted(changed, key=lambda c: c.id), CONVERSATION_WIDENED)
-    return {trace_id: found[external] for trace_id, external in target.items()}, created
+    return {trace_id: found[external] for trace_id, external in target.items()}, created, bool(merges)
 
 
 def merge_conversation(placeholder_id: int, into: Conversation) -> None:
@@ -184,7 +187,7 @@ def merge_conversation(placeholder_id: int, into: Conversation) -> None:
     taken = dict(sql.fetch(select_keys, [into.id]))
     for key, round_id in sql.fetch(select_keys, [placeholder_id]):
         if key in taken:  # the same turn already started in the target: fold its rows into that round
-            for model in (LLMCall, ToolCall, CompressionEvent, SkillActivation):
+            for model in (LLMCall, ToolCall, CompressionEvent, SkillActivation, ToolRequest):
                 sql.execute(f"UPDATE {sql.table(model)} SET round_id = %s WHERE round_id = %s", [taken[key], round_id])
             sql.execute(f"DELETE FROM {sql.table(Round)} WHERE id = %s", [round_id])
     for model in CONVERSATION_ROWS:

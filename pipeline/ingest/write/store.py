@@ -173,14 +173,18 @@ def _store(
     round_ids: set[int] = set()
     conversation_ids: set[int] = set()
     if fresh:
-        conversations, created = resolve_conversations(fresh)
+        conversations, created, merged = resolve_conversations(fresh)
         rounds, new_rounds = resolve_rounds(fresh, conversations)
         round_ids = {r.id for r in rounds.values()}
         stored_rounds = round_ids - new_rounds
-        links = RoundRows.load(stored_rounds)  # what earlier requests stored in these rounds
         rows = build_rows(fresh, conversations, rounds, source)
+        if merged or replaced:  # rows moved or removed: read these rounds whole
+            links = RoundRows.load(stored_rounds)
+        else:  # what earlier requests stored in these rounds that the new rows can change
+            links = RoundRows.around(stored_rounds, rows["llm"], rows["tool"], rows["compression"])
         insert_rows(fresh, rows, links, stored_rounds)
-        update_rows(Round, links.fill_final_answers(rounds.values()), ["final_answer"])
+        stated = {rounds[(conversations[s.record.trace_id].id, s.round_key)].id for s in fresh if s.in_round and s.final_answer}
+        update_rows(Round, links.fill_final_answers(rounds.values(), stated), ["final_answer"])
         tool_context.update_tool_context(rows["llm"], tool_context.tool_keys([*rows["tool"], *links.changed_tools.values()]))
         pending = mark_pending(rows["tool"]) or pending or any(
             row.tokens_pending for row in (*rows["llm"], *rows["tool"])
