@@ -72,5 +72,9 @@ class Migration(migrations.Migration):
             model_name='toolrequest',
             index=models.Index(fields=['round', 'name'], name='toolrequest_round_name_idx'),
         ),
+        migrations.AddIndex(
+            model_name='toolcall',
+            index=models.Index(condition=models.Q(('retry_count__gt', 0)), fields=['conversation'], name='tool_retried_idx'),
+        ),
         migrations.RunPython(fill_requests, migrations.RunPython.noop),
     ]

@@ -130,6 +130,8 @@ class ToolCall(SpanRecordMixin):
             # ingest's linking: a round's tools from a point in time on, and those no call owns yet
             models.Index(fields=["round", "started_at"], name="tool_round_started_idx"),
             models.Index(fields=["round"], condition=models.Q(llm_call__isnull=True), name="tool_unowned_idx"),
+            # a conversation's retried calls, counted on every batch without reading its other tools
+            models.Index(fields=["conversation"], condition=models.Q(retry_count__gt=0), name="tool_retried_idx"),
             models.Index(fields=["-started_at"], condition=models.Q(success=False), name="tool_failed_started_idx"),
         ]
 

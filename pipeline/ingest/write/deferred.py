@@ -136,8 +136,10 @@ class Counted:
 
 def count_some() -> Counted:
     """Read one chunk of pending rows and count their tokens (CPU work, outside any transaction)."""
-    calls = list(LLMCall.objects.filter(tokens_pending=True).only(*LLM_COLUMNS)[:CHUNK])
-    tools = list(ToolCall.objects.filter(tokens_pending=True).only(*TOOL_COLUMNS).select_related("llm_call")[:CHUNK])
+    # in id order: the partial indexes on the pending rows find them (by start time would walk every row)
+    calls = list(LLMCall.objects.filter(tokens_pending=True).only(*LLM_COLUMNS).order_by("pk")[:CHUNK])
+    tools = list(ToolCall.objects.filter(tokens_pending=True).only(*TOOL_COLUMNS).select_related("llm_call")
+                 .order_by("pk")[:CHUNK])
     counted = Counted(calls, tools)
     for call in calls:
         counted.read[("llm", call.pk)] = _llm_content(call)

@@ -111,13 +111,14 @@ class RoundRows:
         return rows
 
     def _read_round(self, round_id: int, since: datetime, new_llm: list[LLMCall], new_tools: list[ToolCall]) -> None:
-        calls = LLMCall.objects.filter(round_id=round_id).only(*LLM_FIELDS)
+        # order_by(): no default ordering, so each read takes the index that finds its rows
+        calls = LLMCall.objects.filter(round_id=round_id).only(*LLM_FIELDS).order_by()
         self.llm[round_id] = list(calls.filter(started_at__gte=since))
         before = list(calls.filter(started_at__lt=since).order_by("-started_at", "-span_id")[:1])
         self.first_step[round_id] = before[0].step + 1 if before else 0  # steps before `since` are 0..n-1
         self.context[round_id] = before
 
-        tools = ToolCall.objects.filter(round_id=round_id).only(*TOOL_FIELDS)
+        tools = ToolCall.objects.filter(round_id=round_id).only(*TOOL_FIELDS).order_by()
         asked = set().union(*(_requested_ids(c) for c in new_llm))
         stored_tools = [*tools.filter(started_at__gte=since), *tools.filter(llm_call__isnull=True)]
         if asked:
@@ -143,8 +144,8 @@ class RoundRows:
             self.context[round_id] += calls.filter(pk__in=unclaimed.values("llm_call_id"))
         offered = set().union(*(_requested_ids(c) for c in (*self.llm[round_id], *self.context[round_id])))
         if offered:
-            self.claimed[round_id] = set(ToolCall.objects.filter(round_id=round_id, tool_call_id__in=sorted(offered))
-                                         .values_list("tool_call_id", flat=True))
+            claimed = tools.filter(tool_call_id__in=sorted(offered)).values_list("tool_call_id", flat=True)
+            self.claimed[round_id] = set(claimed)
 
     def add(self, llm: Iterable[LLMCall], tools: Iterable[ToolCall]) -> None:
         for call in llm:
@@ -206,7 +207,7 @@ class RoundRows:
 
 def _answering_calls(round_id: int, loaded: set[int]) -> list[LLMCall]:
     """The round's other stored calls that may hold an answer: those that ask for no tool."""
-    return list(LLMCall.objects.filter(round_id=round_id).exclude(pk__in=loaded)
+    return list(LLMCall.objects.filter(round_id=round_id).order_by().exclude(pk__in=loaded)
                 .exclude(Exists(ToolRequest.objects.filter(llm_call_id=OuterRef("pk")))).only(*LLM_FIELDS))
 
 

@@ -35,7 +35,7 @@ from pipeline.ingest.write import deferred
 from pipeline.ingest.write import sql
 from pipeline.ingest.write import tool_context
 from pipeline.ingest.write.tool_levels import mark_pending
-from pipeline.ingest.write.counters import recompute_counters
+from pipeline.ingest.write.counters import add_new_rows, recompute_counters
 from pipeline.ingest.write.linking import RoundRows, relink_stored
 from pipeline.ingest.write.logs import apply_logs, save_logs
 from pipeline.ingest.normalise.span import NormalisedSpan, normalise
@@ -172,6 +172,7 @@ def _store(
 
     round_ids: set[int] = set()
     conversation_ids: set[int] = set()
+    recount: set[int] = set()  # rounds whose stored rows changed: aggregated again, not added to
     if fresh:
         conversations, created, merged = resolve_conversations(fresh)
         rounds, new_rounds = resolve_rounds(fresh, conversations)
@@ -180,10 +181,12 @@ def _store(
         rows = build_rows(fresh, conversations, rounds, source)
         if merged or replaced:  # rows moved or removed: read these rounds whole
             links = RoundRows.load(stored_rounds)
+            recount |= round_ids
         else:  # what earlier requests stored in these rounds that the new rows can change
             links = RoundRows.around(stored_rounds, rows["llm"], rows["tool"], rows["compression"])
         insert_rows(fresh, rows, links, stored_rounds)
-        stated = {rounds[(conversations[s.record.trace_id].id, s.round_key)].id for s in fresh if s.in_round and s.final_answer}
+        stated = {rounds[(conversations[s.record.trace_id].id, s.round_key)].id
+                  for s in fresh if s.in_round and s.final_answer}
         update_rows(Round, links.fill_final_answers(rounds.values(), stated), ["final_answer"])
         tool_context.update_tool_context(rows["llm"], tool_context.tool_keys([*rows["tool"], *links.changed_tools.values()]))
         pending = mark_pending(rows["tool"]) or pending or any(
@@ -206,8 +209,12 @@ def _store(
             relink_stored(logged_rounds, Round.objects.filter(id__in=logged_rounds).only("id", "final_answer"))
             tool_context.update_for_rounds(logged_rounds)
         round_ids |= logged_rounds
+        recount |= logged_rounds
         conversation_ids |= logged_conversations
-    recompute_counters(round_ids, conversation_ids)
+    if fresh:
+        add_new_rows([c.id for c in rows["llm"] if c.round_id not in recount],
+                     [t.id for t in rows["tool"] if t.round_id not in recount])
+    recompute_counters(recount, conversation_ids)
     mark_stale(conversation_ids)  # their finding counts are refreshed after the commit
     changes["round_ids"] = sorted(round_ids)
     changes["conversation_ids"] = sorted(conversation_ids)
