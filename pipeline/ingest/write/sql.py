@@ -17,6 +17,7 @@ from datetime import UTC, datetime, timedelta
 from operator import attrgetter
 from typing import Any
 
+import orjson
 from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS, connection, connections
 from django.db.models import DateTimeField, JSONField, Model
@@ -134,11 +135,15 @@ class Prepare:
     def __init__(self) -> None:
         self.connection = connections[DEFAULT_DB_ALIAS]
         self._ops = self.connection.ops
-        self._utc_text = (
-            self.connection.vendor == "sqlite" and settings.USE_TZ and self.connection.timezone_name == "UTC"
-        )
+        self._sqlite = self.connection.vendor == "sqlite"
+        self._utc_text = self._sqlite and settings.USE_TZ and self.connection.timezone_name == "UTC"
 
     def json(self, value: Any) -> Any:
+        if self._sqlite:  # JSON text, read back with json.loads: orjson writes the same values 5-10x faster
+            try:
+                return orjson.dumps(value).decode()
+            except TypeError:  # what orjson refuses (keys that are not strings, integers past 64 bits)
+                pass
         return self._ops.adapt_json_value(value, None)
 
     def datetime(self, value: datetime | None) -> Any:

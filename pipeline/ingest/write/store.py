@@ -97,8 +97,9 @@ def prepare_spans(records: Sequence[SpanRecord]) -> PreparedBatch:
     errors: list[str] = []
     spans: list[NormalisedSpan] = []
     seen: set[tuple[str, str]] = set()
+    resources: dict[int, tuple[dict, dict]] = {}
     for record in records:
-        record = clean_record(record)  # NUL, NaN, 2**70: storable, instead of failing the batch
+        record = clean_record(record, resources)  # NUL, NaN, 2**70: storable, instead of failing the batch
         problem = validation_error(record)
         if problem:
             errors.append(problem)
