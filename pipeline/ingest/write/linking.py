@@ -74,9 +74,9 @@ class RoundRows:
     partial: set[int] = field(default_factory=set)
 
     @classmethod
-    def load(cls, round_ids: Iterable[int]) -> RoundRows:
-        """Everything the rounds hold."""
-        rows = cls()
+    def load(cls, round_ids: Iterable[int], rows: RoundRows | None = None) -> RoundRows:
+        """Everything the rounds hold (added to `rows`, when given)."""
+        rows = rows if rows is not None else cls()
         round_ids = list(round_ids)
         if round_ids:
             for call in LLMCall.objects.filter(round_id__in=round_ids).only(*LLM_FIELDS):
@@ -88,11 +88,13 @@ class RoundRows:
     @classmethod
     def around(
         cls, round_ids: Iterable[int], llm: Iterable[LLMCall], tools: Iterable[ToolCall],
-        events: Iterable[CompressionEvent] = (),
+        events: Iterable[CompressionEvent] = (), *, whole: set[int] = frozenset(),
     ) -> RoundRows:
         """What the stored rounds `round_ids` hold that the new rows `llm`, `tools` and `events`
-        (unsaved, of any rounds) can change or need to be linked (see the module docstring)."""
-        rows = cls()
+        (unsaved, of any rounds) can change or need to be linked (see the module docstring);
+        everything of those also in `whole`."""
+        round_ids = set(round_ids)
+        rows = cls.load(sorted(round_ids & whole))
         new_llm: dict[int, list[LLMCall]] = defaultdict(list)
         new_tools: dict[int, list[ToolCall]] = defaultdict(list)
         starts: dict[int, list[datetime]] = defaultdict(list)
@@ -104,7 +106,7 @@ class RoundRows:
             starts[tool.round_id].append(tool.started_at)
         for event in events:
             starts[event.round_id].append(event.occurred_at)
-        for round_id in sorted(set(round_ids)):
+        for round_id in sorted(round_ids - whole):
             rows.partial.add(round_id)
             if starts[round_id]:
                 rows._read_round(round_id, min(starts[round_id]), new_llm[round_id], new_tools[round_id])

@@ -170,15 +170,19 @@ def to_datetime(value: Any) -> datetime | None:
 
 # ---- writes ---------------------------------------------------------------------------------
 
-def insert_values(model: type[Model], names: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
-    """INSERT prepared `rows` (values in the order of the columns `names`) with one executemany."""
+def insert_values(
+    model: type[Model], names: Sequence[str], rows: Sequence[Sequence[Any]], *, ignore_conflicts: bool = False
+) -> None:
+    """INSERT prepared `rows` (values in the order of the columns `names`) with one executemany;
+    `ignore_conflicts`: a row a unique constraint refuses is skipped (a concurrent writer's won)."""
     if rows:
-        query = f"INSERT INTO {table(model)} ({columns(names)}) VALUES ({marks(names)})"
+        skip = " ON CONFLICT DO NOTHING" if ignore_conflicts else ""
+        query = f"INSERT INTO {table(model)} ({columns(names)}) VALUES ({marks(names)}){skip}"
         with connection.cursor() as cursor:
             cursor.executemany(query, rows)
 
 
-def insert_rows(model: type[Model], rows: Sequence[Model]) -> None:
+def insert_rows(model: type[Model], rows: Sequence[Model], *, ignore_conflicts: bool = False) -> None:
     """INSERT unsaved instances (no primary keys come back: see `fetch_ids`)."""
     if not rows:
         return
@@ -196,7 +200,7 @@ def insert_rows(model: type[Model], rows: Sequence[Model]) -> None:
         for i, prep in prepared:
             value[i] = prep(value[i])
         params.append(value)
-    insert_values(model, [f.column for f in fields], params)
+    insert_values(model, [f.column for f in fields], params, ignore_conflicts=ignore_conflicts)
 
 
 def update_rows(model: type[Model], rows: Iterable[Model], names: Sequence[str]) -> int:

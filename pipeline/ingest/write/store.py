@@ -180,11 +180,10 @@ def _store(
         round_ids = {r.id for r in rounds.values()}
         stored_rounds = round_ids - new_rounds
         rows = build_rows(fresh, conversations, rounds, source)
-        if merged or replaced:  # rows moved or removed: read these rounds whole
-            links = RoundRows.load(stored_rounds)
-            recount |= round_ids
-        else:  # what earlier requests stored in these rounds that the new rows can change
-            links = RoundRows.around(stored_rounds, rows["llm"], rows["tool"], rows["compression"])
+        # Rounds whose stored rows moved (merged in) or went (a replaced open span) are read whole
+        # and aggregated again; of the others, only what the new rows can change is read.
+        recount |= round_ids if replaced else {r.id for r in rounds.values() if r.conversation_id in merged}
+        links = RoundRows.around(stored_rounds, rows["llm"], rows["tool"], rows["compression"], whole=recount)
         insert_rows(fresh, rows, links, stored_rounds)
         stated = {rounds[(conversations[s.record.trace_id].id, s.round_key)].id
                   for s in fresh if s.in_round and s.final_answer}
