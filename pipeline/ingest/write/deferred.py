@@ -191,9 +191,17 @@ def _current(counted: Counted) -> tuple[list[LLMCall], list[ToolCall]]:
 
 
 def _any_still_pending(counted: Counted) -> bool:
-    return LLMCall.objects.filter(pk__in=[c.pk for c in counted.calls], tokens_pending=True).exists() or (
-        ToolCall.objects.filter(pk__in=[t.pk for t in counted.tools], tokens_pending=True).exists()
-    ) or tool_levels.any_pending(counted.levels)
+    """Whether any row of `counted` still waits for its counts: one statement (it runs after every
+    ingest that left work, so the ORM's per-query cost is worth saving here)."""
+    parts: list[str] = []
+    params: list = []
+    for model, flag, rows in ((LLMCall, "tokens_pending", counted.calls), (ToolCall, "tokens_pending", counted.tools),
+                              (ToolCall, "levels_pending", counted.levels)):
+        if rows:
+            ids = [row.pk for row in rows]
+            parts.append(f"SELECT 1 FROM {sql.table(model)} WHERE id IN ({sql.marks(ids)}) AND {sql.quote(flag)} = %s")
+            params += [*ids, True]
+    return bool(parts) and bool(sql.fetch(" UNION ALL ".join(parts) + " LIMIT 1", params))
 
 
 def write_counted(counted: Counted) -> None:
