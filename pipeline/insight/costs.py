@@ -3,7 +3,6 @@ cost of a stored LLM call (LLMCall.cost_usd), set wherever ingest changes a call
 
 from __future__ import annotations
 
-from dataclasses import astuple
 from datetime import datetime
 from decimal import Context, Decimal
 from typing import Protocol
@@ -73,7 +72,8 @@ def llm_call_cost(call: PricedCall) -> Decimal | None:
     """The USD cost of a stored LLM call, rounded to the column's places; None for "no price".
     The model is the one the provider answered with, else the one requested (a deployment name
     in the response may be unknown where the requested model is not)."""
-    if not any(astuple(call_tokens(call))):
+    tokens = call_tokens(call)
+    if not (tokens.input or tokens.output or tokens.cache_read or tokens.cache_write or tokens.reasoning):
         return None  # no counts (none reported, none counted yet): its cost is unknown, not $0
     model, cost = _priced_model(call)
     if cost is None or cost >= COST_LIMIT:

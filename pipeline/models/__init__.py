@@ -1,6 +1,6 @@
 from pipeline.models.apikeys import ApiKey
 from pipeline.models.artifacts import Artifact
-from pipeline.models.calls import LLMCall, ToolCall
+from pipeline.models.calls import LLMCall, ToolCall, ToolRequest
 from pipeline.models.carries import ToolResultCarry
 from pipeline.models.conversations import Conversation, Round, Status
 from pipeline.models.events import CompressionEvent, SkillActivation
@@ -19,5 +19,6 @@ __all__ = [
     "SpanLog",
     "Status",
     "ToolCall",
+    "ToolRequest",
     "ToolResultCarry",
 ]

@@ -74,6 +74,8 @@ class LLMCall(SpanRecordMixin):
                          name="llm_conv_totals_idx"),
             models.Index(fields=["started_at"], name="llm_started_idx"),
             models.Index(fields=["model", "started_at"], name="llm_model_started_idx"),
+            # a round's calls from a point in time on, and the one just before (ingest's linking)
+            models.Index(fields=["round", "started_at"], name="llm_round_started_idx"),
             # The dashboard's "recent errors": the latest failed calls without walking every call.
             models.Index(fields=["-started_at"], condition=models.Q(status="error"), name="llm_error_started_idx"),
         ]
@@ -129,6 +131,11 @@ class ToolCall(SpanRecordMixin):
             models.Index(fields=["conversation", "started_at"], name="tool_conv_started_idx"),
             # a result's tool calls, found by the calls that carried it (pipeline.ingest.write.tool_context)
             models.Index(fields=["conversation", "tool_call_id"], name="tool_conv_call_id_idx"),
+            # ingest's linking: a round's tools from a point in time on, and those no call owns yet
+            models.Index(fields=["round", "started_at"], name="tool_round_started_idx"),
+            models.Index(fields=["round"], condition=models.Q(llm_call__isnull=True), name="tool_unowned_idx"),
+            # a conversation's retried calls, counted on every batch without reading its other tools
+            models.Index(fields=["conversation"], condition=models.Q(retry_count__gt=0), name="tool_retried_idx"),
             models.Index(fields=["-started_at"], condition=models.Q(success=False), name="tool_failed_started_idx"),
         ]
 
@@ -140,3 +147,26 @@ class ToolCall(SpanRecordMixin):
         """retryable | permanent | needs_human for a known error type (old names too), else ""."""
         error_type = ToolErrorType.parse(self.error_type)
         return error_type.error_class.value if error_type else ""
+
+
+class ToolRequest(models.Model):
+    """A tool call an LLM call's output asks for (a tool_call part with an id), one row each.
+
+    Ingest links each tool call to the LLM call that requested it; this index finds that call by
+    (round, tool_call_id) or (round, tool name) without reading the round's output messages.
+    Written with the call, rewritten when logs rebuild its messages (pipeline.ingest.write.linking).
+    """
+
+    llm_call = models.ForeignKey(LLMCall, on_delete=models.CASCADE, related_name="tool_requests")
+    round = models.ForeignKey(Round, on_delete=models.CASCADE, null=True, blank=True, related_name="+")
+    tool_call_id = models.CharField(max_length=255)
+    name = models.CharField(max_length=255, blank=True)
+
+    class Meta:
+        indexes = [
+            models.Index(fields=["round", "tool_call_id"], name="toolrequest_round_id_idx"),
+            models.Index(fields=["round", "name"], name="toolrequest_round_name_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name} {self.tool_call_id}"

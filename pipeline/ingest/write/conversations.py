@@ -12,7 +12,7 @@ time is no activity. A title a span states (ctxlens.conversation.title) is kept:
 stored one wins, and the first user message no longer names the conversation.
 
 Rows are found with hand-written SELECTs (pipeline.ingest.write.sql) because this runs for every
-ingest batch; creation goes through bulk_create(ignore_conflicts=True) and a re-read, so two
+ingest batch; creation is an INSERT that skips conflicts (sql.insert_rows) and a re-read, so two
 writers racing on PostgreSQL both end up with the same row. A conversation is locked before it
 is read for widening (first write wins, times only widen, however requests interleave), and
 the traces of a batch are locked before their conversations are decided (`sql.lock_traces`),
@@ -40,6 +40,7 @@ from pipeline.models import (
     Span,
     Status,
     ToolCall,
+    ToolRequest,
     ToolResultCarry,
 )
 
@@ -70,14 +71,18 @@ def _conversations_by_external_id(externals: list[str]) -> dict[str, Conversatio
 
 def _stored_conversations(trace_ids: list[str]) -> dict[str, tuple[int, str]]:
     """{trace_id: (conversation id, external id)} for traces that already have stored spans."""
-    rows = sql.fetch(
-        f"SELECT DISTINCT s.trace_id, c.id, c.external_id FROM {sql.table(Span)} s "
-        f"JOIN {sql.table(Conversation)} c ON c.id = s.conversation_id WHERE s.trace_id IN ({sql.marks(trace_ids)})",
-        trace_ids,
-    )
     stored: dict[str, tuple[int, str]] = {}
-    for trace_id, conversation_id, external_id in rows:
-        stored.setdefault(trace_id, (conversation_id, external_id))
+    for chunk in sql.chunked(trace_ids, sql.SPAN_CHUNK):
+        # One span per trace is enough (all of a trace's spans share its conversation): an index
+        # probe per trace, never a read of the whole trace.
+        first = (f"SELECT v.column1 AS trace_id, (SELECT s.conversation_id FROM {sql.table(Span)} s "
+                 f"WHERE s.trace_id = v.column1 LIMIT 1) AS conversation_id "
+                 f"FROM (VALUES {', '.join(['(%s)'] * len(chunk))}) AS v")
+        for trace_id, conversation_id, external_id in sql.fetch(
+            f"SELECT t.trace_id, c.id, c.external_id FROM ({first}) t "
+            f"JOIN {sql.table(Conversation)} c ON c.id = t.conversation_id", list(chunk),
+        ):
+            stored[trace_id] = (conversation_id, external_id)
     return stored
 
 
@@ -95,8 +100,10 @@ def _locked_conversations(ids: list[int]) -> dict[str, Conversation]:
     return {c.external_id: c for c in sql.instances(Conversation, CONVERSATION_COLUMNS, rows)}
 
 
-def resolve_conversations(spans: list[NormalisedSpan]) -> tuple[dict[str, Conversation], set[int]]:
-    """{trace_id: Conversation} for every trace in `spans`, and the ids of conversations created.
+def resolve_conversations(spans: list[NormalisedSpan]) -> tuple[dict[str, Conversation], set[int], set[int]]:
+    """{trace_id: Conversation} for every trace in `spans`, the ids of conversations created, and
+    the ids of conversations a placeholder was merged into (their rounds may now hold rows that
+    were never linked together).
 
     The caller holds the locks of the batch's traces (`sql.lock_traces`), so what is stored of
     each trace cannot change while its conversation is decided.
@@ -131,8 +138,8 @@ def resolve_conversations(spans: list[NormalisedSpan]) -> tuple[dict[str, Conver
             external, started = target[trace_id], min(s.started_at for s in group)
             if external in missing and (external not in first or started < first[external]):
                 first[external] = started
-        Conversation.objects.bulk_create(
-            [Conversation(external_id=e, started_at=first[e], last_activity_at=first[e]) for e in missing],
+        sql.insert_rows(
+            Conversation, [Conversation(external_id=e, started_at=first[e], last_activity_at=first[e]) for e in missing],
             ignore_conflicts=True,
         )
         fresh = _conversations_by_external_id(sorted(missing))
@@ -165,7 +172,8 @@ def resolve_conversations(spans: list[NormalisedSpan]) -> tuple[dict[str, Conver
         if before != tuple(getattr(conversation, n) for n in CONVERSATION_COLUMNS):
             changed.append(conversation)
     sql.update_rows(Conversation, sorted(changed, key=lambda c: c.id), CONVERSATION_WIDENED)
-    return {trace_id: found[external] for trace_id, external in target.items()}, created
+    merged_into = {found[target[trace_id]].id for trace_id in merges}
+    return {trace_id: found[external] for trace_id, external in target.items()}, created, merged_into
 
 
 def merge_conversation(placeholder_id: int, into: Conversation) -> None:
@@ -180,7 +188,7 @@ def merge_conversation(placeholder_id: int, into: Conversation) -> None:
     taken = dict(sql.fetch(select_keys, [into.id]))
     for key, round_id in sql.fetch(select_keys, [placeholder_id]):
         if key in taken:  # the same turn already started in the target: fold its rows into that round
-            for model in (LLMCall, ToolCall, CompressionEvent, SkillActivation):
+            for model in (LLMCall, ToolCall, CompressionEvent, SkillActivation, ToolRequest):
                 sql.execute(f"UPDATE {sql.table(model)} SET round_id = %s WHERE round_id = %s", [taken[key], round_id])
             sql.execute(f"DELETE FROM {sql.table(Round)} WHERE id = %s", [round_id])
     for model in CONVERSATION_ROWS:
@@ -226,9 +234,9 @@ def resolve_rounds(
     missing = [k for k in grouped if k not in existing]
     created: set[int] = set()
     if missing:
-        Round.objects.bulk_create(
-            [Round(conversation_id=c, key=key, trace_id=grouped[(c, key)][0].record.trace_id,
-                   started_at=min(s.started_at for s in grouped[(c, key)])) for c, key in missing],
+        sql.insert_rows(
+            Round, [Round(conversation_id=c, key=key, trace_id=grouped[(c, key)][0].record.trace_id,
+                          started_at=min(s.started_at for s in grouped[(c, key)])) for c, key in missing],
             ignore_conflicts=True,
         )
         fresh = _rounds_by_key(missing)

@@ -1,10 +1,13 @@
-"""The denormalised figures on Round and Conversation, re-aggregated from the rows themselves.
+"""The denormalised figures on Round and Conversation, aggregated from the rows themselves.
 
-Never incremented: a span that arrives twice, late, or in another request cannot make a
-counter drift, because each touched round and conversation is recomputed from the database
-inside the ingest transaction. Each level is one UPDATE with correlated subqueries (portable
-SQL, run on SQLite and PostgreSQL): the database does the aggregation over its indexes on
-round_id / conversation_id and no rows travel to Python.
+A span that arrives twice, late, or in another request cannot make a counter drift: each
+touched conversation is recomputed from the database inside the ingest transaction, and so is
+each touched round whose stored rows changed (a replaced open span, messages rebuilt from logs,
+rows merged in, token counts filled later). A round that a span batch only added rows to gets
+the sums of exactly those rows added (`add_new_rows`), read back from the database by id, so a
+batch at the end of a long turn does not re-aggregate the whole turn; a re-sent span adds no row
+and so adds nothing. Each level is one statement (portable SQL, run on SQLite and PostgreSQL):
+the database does the aggregation over its indexes and no rows travel to Python.
 """
 
 from __future__ import annotations
@@ -14,10 +17,57 @@ from pipeline.models import CompressionEvent, Conversation, LLMCall, Round, Skil
 
 
 def recompute_counters(round_ids: set[int], conversation_ids: set[int]) -> None:
+    """Aggregate the rounds `round_ids` and the conversations `conversation_ids` again from their rows."""
     if round_ids:
         _recompute_rounds(sorted(round_ids))
     if conversation_ids:
         _recompute_conversations(sorted(conversation_ids))
+
+
+def add_new_rows(llm_ids: list[int], tool_ids: list[int]) -> None:
+    """Add the figures of LLM and tool calls just inserted to their rounds' counters (rows stored
+    before are unchanged: their figures are in the counters already)."""
+    llm, tool = sql.table(LLMCall), sql.table(ToolCall)
+    added: dict[int, list] = {}
+    for chunk in sql.chunked(sorted(llm_ids), 500):
+        for round_id, *figures in sql.fetch(
+            f"SELECT round_id, COUNT(*), COALESCE(SUM(input_tokens), 0), COALESCE(SUM(output_tokens), 0), "
+            f"SUM(cost_usd), SUM(CASE WHEN cost_usd IS NULL THEN 1 ELSE 0 END), "
+            f"SUM(CASE WHEN status = 'error' THEN 1 ELSE 0 END) FROM {llm} "
+            f"WHERE id IN ({sql.marks(chunk)}) AND round_id IS NOT NULL GROUP BY round_id", chunk,
+        ):
+            _add_figures(added, round_id, figures + [0, 0])
+    for chunk in sql.chunked(sorted(tool_ids), 500):
+        for round_id, count, failed in sql.fetch(
+            f"SELECT round_id, COUNT(*), SUM(CASE WHEN success = %s THEN 1 ELSE 0 END) FROM {tool} "
+            f"WHERE id IN ({sql.marks(chunk)}) AND round_id IS NOT NULL GROUP BY round_id", [False, *chunk],
+        ):
+            _add_figures(added, round_id, [0, 0, 0, None, 0, 0, count, failed])
+    if not added:
+        return
+    counts = (
+        "llm_call_count = llm_call_count + %s, input_tokens = input_tokens + %s, "
+        "output_tokens = output_tokens + %s, unpriced_call_count = unpriced_call_count + %s, "
+        "tool_call_count = tool_call_count + %s, error_count = error_count + %s"
+    )
+    unpriced, priced = [], []
+    for round_id, (calls, tokens_in, tokens_out, cost, no_price, errors, tools, failed) in sorted(added.items()):
+        row = [calls, tokens_in, tokens_out, no_price, tools, errors + failed]
+        # the cost stays NULL while no call has a price, as SUM over the rows gives
+        (unpriced if cost is None else priced).append([*row, round_id] if cost is None else [*row, cost, round_id])
+    r = sql.table(Round)
+    with sql.connection.cursor() as cursor:
+        if unpriced:
+            cursor.executemany(f"UPDATE {r} SET {counts} WHERE id = %s", unpriced)
+        if priced:
+            cursor.executemany(f"UPDATE {r} SET {counts}, cost_usd = COALESCE(cost_usd, 0) + %s WHERE id = %s", priced)
+
+
+def _add_figures(added: dict[int, list], round_id: int, figures: list) -> None:
+    total = added.setdefault(round_id, [0, 0, 0, None, 0, 0, 0, 0])
+    for i, value in enumerate(figures):
+        if value is not None:
+            total[i] = value if total[i] is None else total[i] + value
 
 
 def _recompute_rounds(round_ids: list[int]) -> None:

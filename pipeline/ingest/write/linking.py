@@ -1,13 +1,21 @@
-"""Links between the rows of a round, recomputed over everything the round holds.
+"""Links between the rows of a round, as if recomputed over everything the round holds.
 
 Spans arrive in any order and in separate requests, so nothing here trusts the batch alone:
-for every round a batch touches, the round's stored rows are loaded beside the new ones, the
-LLM calls are numbered in start order (step), each tool call is tied to the LLM call that asked
-for it (by tool_call_id, else by name and order, else by time), missing tool_call_ids,
-arguments and observations are recovered from the LLM calls' messages, and a round whose
-root states no answer shows its last LLM answer. The result depends only on the set of rows,
-not on the order they came in. New rows are fixed in memory before they are inserted; stored
-rows that change are written with one executemany each.
+the LLM calls of a round are numbered in start order (step), each tool call is tied to the LLM
+call that asked for it (by tool_call_id, else by name and order, else by time), missing
+tool_call_ids, arguments and observations are recovered from the LLM calls' messages, and a
+round whose root states no answer shows its last LLM answer. The result depends only on the
+set of rows, not on the order they came in. New rows are fixed in memory before they are
+inserted; stored rows that change are written with one executemany each.
+
+A batch reads only the stored rows its new ones can affect (`RoundRows.around`), so a batch
+costs the same at the end of a long round as at its start: the round's calls and tools from
+the batch's earliest new row on (the steps after it shift, the tools after it may change
+owner), the call just before that point (its step continues the numbering; it owns the tools
+that follow by time), the calls that asked for the batch's tool_call_ids or offer an unclaimed
+tool of the same name (found in pipeline.models.ToolRequest), and the stored tools those new
+calls ask for or that no call owns yet. After a placeholder conversation is merged or an
+unfinished span replaced, the rounds are read whole (`RoundRows.load`).
 """
 
 from __future__ import annotations
@@ -17,35 +25,58 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from django.db.models import OuterRef, Subquery
+from datetime import datetime
+
+from django.db.models import Exists, OuterRef, Subquery
 
 from pipeline.ingest.normalise.messages import last_text, tool_calls_of, tool_responses_of
+from pipeline.ingest.write import sql
 from pipeline.ingest.write.sql import update_rows
 from pipeline.ingest.normalise.values import to_text
-from pipeline.models import CompressionEvent, LLMCall, Round, ToolCall
+from pipeline.models import CompressionEvent, LLMCall, Round, ToolCall, ToolRequest, ToolResultCarry
 
 LLM_FIELDS = ("id", "round_id", "trace_id", "span_id", "started_at", "ended_at", "step", "output_messages")
 TOOL_FIELDS = ("id", "round_id", "trace_id", "span_id", "started_at", "tool_name", "tool_call_id", "llm_call_id",
                "arguments", "observation", "tokens_pending")
 TOOL_LINK_FIELDS = ["llm_call", "tool_call_id", "arguments", "observation", "tokens_pending"]
+ID_LENGTH = ToolCall._meta.get_field("tool_call_id").max_length
+REQUEST_COLUMNS = ("llm_call_id", "round_id", "tool_call_id", "name")
 
 
 def _order(row: LLMCall | ToolCall) -> tuple:
     return row.started_at, row.span_id
 
 
+def _requested_ids(call: LLMCall) -> set[str]:
+    return {str(p["id"])[:ID_LENGTH] for p in tool_calls_of(call.output_messages or []) if p.get("id")}
+
+
+def _unique(rows: Iterable[Any]) -> list[Any]:
+    return list({row.pk: row for row in rows}.values())
+
+
 @dataclass
 class RoundRows:
-    """The LLM and tool calls of some rounds: stored ones (loaded) and new ones (not yet saved)."""
+    """The LLM and tool calls of some rounds: stored ones (loaded) and new ones (not yet saved).
+
+    `llm` holds the calls that are numbered: all of a round's, or (a round in `partial`) those
+    from a point in time on, numbered from `first_step`. `context` holds stored calls read only
+    to link tools to; `claimed` the tool_call_ids that stored tools not loaded already use.
+    """
 
     llm: dict[int, list[LLMCall]] = field(default_factory=lambda: defaultdict(list))
     tools: dict[int, list[ToolCall]] = field(default_factory=lambda: defaultdict(list))
     changed_llm: dict[int, LLMCall] = field(default_factory=dict)
     changed_tools: dict[int, ToolCall] = field(default_factory=dict)
+    context: dict[int, list[LLMCall]] = field(default_factory=lambda: defaultdict(list))
+    first_step: dict[int, int] = field(default_factory=dict)
+    claimed: dict[int, set[str]] = field(default_factory=lambda: defaultdict(set))
+    partial: set[int] = field(default_factory=set)
 
     @classmethod
-    def load(cls, round_ids: Iterable[int]) -> RoundRows:
-        rows = cls()
+    def load(cls, round_ids: Iterable[int], rows: RoundRows | None = None) -> RoundRows:
+        """Everything the rounds hold (added to `rows`, when given)."""
+        rows = rows if rows is not None else cls()
         round_ids = list(round_ids)
         if round_ids:
             for call in LLMCall.objects.filter(round_id__in=round_ids).only(*LLM_FIELDS):
@@ -53,6 +84,70 @@ class RoundRows:
             for tool in ToolCall.objects.filter(round_id__in=round_ids).only(*TOOL_FIELDS):
                 rows.tools[tool.round_id].append(tool)
         return rows
+
+    @classmethod
+    def around(
+        cls, round_ids: Iterable[int], llm: Iterable[LLMCall], tools: Iterable[ToolCall],
+        events: Iterable[CompressionEvent] = (), *, whole: set[int] = frozenset(),
+    ) -> RoundRows:
+        """What the stored rounds `round_ids` hold that the new rows `llm`, `tools` and `events`
+        (unsaved, of any rounds) can change or need to be linked (see the module docstring);
+        everything of those also in `whole`."""
+        round_ids = set(round_ids)
+        rows = cls.load(sorted(round_ids & whole))
+        new_llm: dict[int, list[LLMCall]] = defaultdict(list)
+        new_tools: dict[int, list[ToolCall]] = defaultdict(list)
+        starts: dict[int, list[datetime]] = defaultdict(list)
+        for call in llm:
+            new_llm[call.round_id].append(call)
+            starts[call.round_id].append(call.started_at)
+        for tool in tools:
+            new_tools[tool.round_id].append(tool)
+            starts[tool.round_id].append(tool.started_at)
+        for event in events:
+            starts[event.round_id].append(event.occurred_at)
+        for round_id in sorted(round_ids - whole):
+            rows.partial.add(round_id)
+            if starts[round_id]:
+                rows._read_round(round_id, min(starts[round_id]), new_llm[round_id], new_tools[round_id])
+        return rows
+
+    def _read_round(self, round_id: int, since: datetime, new_llm: list[LLMCall], new_tools: list[ToolCall]) -> None:
+        # order_by(): no default ordering, so each read takes the index that finds its rows
+        calls = LLMCall.objects.filter(round_id=round_id).only(*LLM_FIELDS).order_by()
+        self.llm[round_id] = list(calls.filter(started_at__gte=since))
+        before = list(calls.filter(started_at__lt=since).order_by("-started_at", "-span_id")[:1])
+        self.first_step[round_id] = before[0].step + 1 if before else 0  # steps before `since` are 0..n-1
+        self.context[round_id] = before
+
+        tools = ToolCall.objects.filter(round_id=round_id).only(*TOOL_FIELDS).order_by()
+        asked = set().union(*(_requested_ids(c) for c in new_llm))
+        stored_tools = [*tools.filter(started_at__gte=since), *tools.filter(llm_call__isnull=True)]
+        if asked:
+            stored_tools += tools.filter(tool_call_id__in=sorted(asked))
+        answered = {str(i)[:ID_LENGTH] for c in new_llm for i in tool_responses_of(c.input_messages or [])}
+        for chunk in sql.chunked(sorted(answered), 500):  # stored tools whose result a new call's input holds
+            stored_tools += tools.filter(observation="", tool_call_id__in=chunk)
+        self.tools[round_id] = _unique(stored_tools)
+
+        loaded = {c.pk for c in (*self.llm[round_id], *before)}
+        linked = [*self.tools[round_id], *new_tools]
+        ids = {t.tool_call_id for t in linked if t.tool_call_id}
+        requests = ToolRequest.objects.filter(round_id=round_id)
+        if ids:
+            requesters = requests.filter(tool_call_id__in=sorted(ids)).exclude(llm_call_id__in=loaded)
+            self.context[round_id] += calls.filter(pk__in=requesters.values("llm_call_id"))
+        known = asked.union(*(_requested_ids(c) for c in (*self.llm[round_id], *self.context[round_id])))
+        names = {t.tool_name for t in linked if not (t.tool_call_id and t.tool_call_id in known)}
+        if names:  # tools not requested by id take an unclaimed request of their name
+            unclaimed = requests.filter(name__in=sorted(names)).exclude(
+                Exists(ToolCall.objects.filter(round_id=round_id, tool_call_id=OuterRef("tool_call_id")))
+            ).exclude(llm_call_id__in=loaded | {c.pk for c in self.context[round_id]})
+            self.context[round_id] += calls.filter(pk__in=unclaimed.values("llm_call_id"))
+        offered = set().union(*(_requested_ids(c) for c in (*self.llm[round_id], *self.context[round_id])))
+        if offered:
+            claimed = tools.filter(tool_call_id__in=sorted(offered)).values_list("tool_call_id", flat=True)
+            self.claimed[round_id] = set(claimed)
 
     def add(self, llm: Iterable[LLMCall], tools: Iterable[ToolCall]) -> None:
         for call in llm:
@@ -62,9 +157,9 @@ class RoundRows:
 
     def number_steps(self) -> None:
         """LLM calls in start order; call before the new ones are inserted so they go in right."""
-        for calls in self.llm.values():
+        for round_id, calls in self.llm.items():
             calls.sort(key=_order)
-            for step, call in enumerate(calls):
+            for step, call in enumerate(calls, self.first_step.get(round_id, 0)):
                 if call.step != step:
                     call.step = step
                     if call.pk:
@@ -73,22 +168,30 @@ class RoundRows:
     def link_tools(self) -> None:
         """Tie tools to their LLM calls; call after the new LLM calls are inserted (they need ids)."""
         for round_id, tools in self.tools.items():
-            calls = self.llm.get(round_id, [])
+            calls = sorted(_unique([*self.llm.get(round_id, ()), *self.context.get(round_id, ())]), key=_order)
             tools.sort(key=_order)
             if calls:
-                for tool in _link_tools(calls, tools):
+                whole = round_id if round_id in self.partial else None
+                for tool in _link_tools(calls, tools, self.claimed.get(round_id, set()), whole):
                     if tool.pk:
                         self.changed_tools[tool.pk] = tool
 
-    def fill_final_answers(self, rounds: Iterable[Round]) -> list[Round]:
+    def fill_final_answers(self, rounds: Iterable[Round], stated: set[int] = frozenset()) -> list[Round]:
         """A round whose root states no answer shows its last LLM call's text answer.
 
         The stored answer is replaced only while it is empty or one of the round's own LLM
         answers (an earlier fallback), so an answer the root span states is never overwritten.
+        A round read in part is looked at only when a call loaded now answers or a span of the
+        batch stated its answer (`stated`): otherwise its answers are the ones it already had.
         """
         changed = []
         for round_ in rounds:
-            answers = [(c.ended_at or c.started_at, c.span_id, a) for c in self.llm.get(round_.id, ()) if (a := _answer(c))]
+            calls = [*self.llm.get(round_.id, ()), *self.context.get(round_.id, ())]
+            if round_.id in self.partial:
+                if round_.id not in stated and not any(_answer(c) for c in calls):
+                    continue
+                calls += _answering_calls(round_.id, {c.pk for c in calls})
+            answers = [(c.ended_at or c.started_at, c.span_id, a) for c in calls if (a := _answer(c))]
             if not answers:
                 continue
             latest = max(answers)[2]
@@ -104,6 +207,24 @@ class RoundRows:
         update_rows(ToolCall, sorted(self.changed_tools.values(), key=lambda t: t.pk), TOOL_LINK_FIELDS)
 
 
+def _answering_calls(round_id: int, loaded: set[int]) -> list[LLMCall]:
+    """The round's other stored calls that may hold an answer: those that ask for no tool."""
+    return list(LLMCall.objects.filter(round_id=round_id).order_by().exclude(pk__in=loaded)
+                .exclude(Exists(ToolRequest.objects.filter(llm_call_id=OuterRef("pk")))).only(*LLM_FIELDS))
+
+
+def save_requests(calls: Iterable[LLMCall], *, replace: bool = False) -> None:
+    """Index the tool calls that saved LLM calls ask for (`replace`: their messages changed)."""
+    calls = list(calls)
+    if replace:
+        for chunk in sql.chunked([c.pk for c in calls], 500):
+            ToolRequest.objects.filter(llm_call_id__in=chunk).delete()
+    sql.insert_values(ToolRequest, REQUEST_COLUMNS, [
+        (call.pk, call.round_id, str(part["id"])[:ID_LENGTH], str(part.get("name") or "")[:255])
+        for call in calls for part in tool_calls_of(call.output_messages or []) if part.get("id")
+    ])
+
+
 def _answer(call: LLMCall) -> str:
     outputs = call.output_messages or []
     return "" if tool_calls_of(outputs) else last_text(outputs, "assistant")
@@ -117,8 +238,14 @@ def _better_arguments(stored: Any, requested: Any) -> bool:
     return stored in ({}, "", None) or (not isinstance(stored, dict) and isinstance(requested, dict))
 
 
-def _link_tools(calls: list[LLMCall], tools: list[ToolCall]) -> list[ToolCall]:
-    """Tie tools to the LLM call that requested them; returns the tool rows that changed."""
+def _link_tools(
+    calls: list[LLMCall], tools: list[ToolCall], claimed_elsewhere: set[str] = frozenset(), whole_round: int | None = None
+) -> list[ToolCall]:
+    """Tie tools to the LLM call that requested them; returns the tool rows that changed.
+
+    `claimed_elsewhere`: tool_call_ids of the round's tools not in `tools`; `whole_round`: the
+    round, when `calls` are only part of it (observations are then looked for in all its calls).
+    """
     requested: dict[str, tuple[LLMCall, dict[str, Any]]] = {}
     by_call: dict[int, list[dict[str, Any]]] = {}
     for call in calls:
@@ -127,7 +254,7 @@ def _link_tools(calls: list[LLMCall], tools: list[ToolCall]) -> list[ToolCall]:
         for part in parts:
             if part.get("id"):
                 requested.setdefault(part["id"], (call, part))
-    claimed = {t.tool_call_id for t in tools if t.tool_call_id}
+    claimed = {t.tool_call_id for t in tools if t.tool_call_id} | set(claimed_elsewhere)
     changed = []
     for tool in tools:
         before = (tool.llm_call_id, tool.tool_call_id, tool.arguments, tool.observation)
@@ -159,20 +286,26 @@ def _link_tools(calls: list[LLMCall], tools: list[ToolCall]) -> list[ToolCall]:
             changed.append(tool)
     missing_observation = [t for t in tools if not t.observation and t.tool_call_id]
     if missing_observation:
-        _recover_observations(calls, missing_observation, changed)
+        _recover_observations(calls, missing_observation, changed, whole_round)
     return changed
 
 
-def _recover_observations(calls: list[LLMCall], tools: list[ToolCall], changed: list[ToolCall]) -> None:
+def _recover_observations(
+    calls: list[LLMCall], tools: list[ToolCall], changed: list[ToolCall], whole_round: int | None = None
+) -> None:
     """Take a tool's observation from an LLM call's input (the tool message with its id)."""
     responses: dict[str, Any] = {}
+    if whole_round is not None:  # only part of the round is loaded: read the calls that answer these tools
+        calls = _answering_inputs(calls, tools)
+        loaded = []
     stored = [c.pk for c in calls if "input_messages" not in c.get_deferred_fields() and c.input_messages]
     for call in calls:
         if call.pk in stored:
             responses.update(tool_responses_of(call.input_messages))
-    loaded = LLMCall.objects.filter(pk__in=[c.pk for c in calls if c.pk not in stored]).values_list(
-        "input_messages", flat=True
-    )
+    if whole_round is None:
+        loaded = LLMCall.objects.filter(pk__in=[c.pk for c in calls if c.pk not in stored]).values_list(
+            "input_messages", flat=True
+        )
     for messages in loaded:
         responses.update(tool_responses_of(messages or []))
     for tool in tools:
@@ -181,6 +314,24 @@ def _recover_observations(calls: list[LLMCall], tools: list[ToolCall], changed: 
             tool.tokens_pending = bool(tool.observation)
             if tool not in changed:
                 changed.append(tool)
+
+
+def _answering_inputs(calls: list[LLMCall], tools: list[ToolCall]) -> list[LLMCall]:
+    """The calls (new ones in `calls`, stored ones found in the ledger of carried results,
+    pipeline.models.ToolResultCarry) whose input answers one of `tools`, in start order."""
+    new = [c for c in calls if "input_messages" not in c.get_deferred_fields()]
+    keys = {(t.conversation_id, t.tool_call_id) for t in tools}
+    carriers: set[tuple[str, str]] = set()
+    for chunk in sql.chunked(sorted(keys), 500):
+        carriers.update(ToolResultCarry.objects.filter(
+            conversation_id__in={k[0] for k in chunk}, tool_call_id__in={k[1] for k in chunk}
+        ).values_list("trace_id", "span_id"))
+    carriers -= {(c.trace_id, c.span_id) for c in new}
+    ids = [pk for _, _, pk in sql.by_spans(LLMCall, ["id"], carriers)]
+    stored: list[LLMCall] = []
+    for chunk in sql.chunked(ids, 500):
+        stored += LLMCall.objects.filter(pk__in=chunk).only("id", "span_id", "started_at", "input_messages")
+    return sorted([*new, *stored], key=_order)
 
 
 def link_compressions(new: list[CompressionEvent], rows: RoundRows, stored_round_ids: set[int]) -> None:

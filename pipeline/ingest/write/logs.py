@@ -22,6 +22,7 @@ from typing import Any
 
 from pipeline.ingest.normalise import messages as msg
 from pipeline.ingest.write import sql
+from pipeline.ingest.write.linking import save_requests
 from pipeline.ingest.normalise.span import llm_fields
 from pipeline.ingest.records import LogRecord, SpanRecord
 from pipeline.ingest.write.rows import jsonable
@@ -183,4 +184,5 @@ def _rebuild(rebuilt: dict[tuple[str, str], tuple[LLMCall, list[msg.Message], li
         price_llm_call(call)  # the counts may have changed with the messages
         changed.append(call)
     update_rows(LLMCall, sorted(changed, key=lambda c: c.pk), REBUILT_FIELDS)
+    save_requests(changed, replace=True)
     return changed

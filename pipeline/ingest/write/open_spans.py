@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from pipeline.ingest.records import SpanRecord
+from pipeline.ingest.write import sql
 from pipeline.models import Span
 
 
@@ -22,8 +23,10 @@ def complete_open_spans(records: Sequence[SpanRecord]) -> int:
     finished = {(r.trace_id, r.span_id): r for r in records if r.end_time_unix_nano > 0}
     if not finished:
         return 0
-    # By trace only (open spans are few): an IN list on both columns probes every pair of them.
-    stored = Span.objects.filter(trace_id__in={k[0] for k in finished}, end_time_unix_nano=0).values_list(
+    open_ids = [pk for _, _, pk, end in sql.by_spans(Span, ["id", "end_time_unix_nano"], finished) if end == 0]
+    if not open_ids:
+        return 0
+    stored = Span.objects.filter(pk__in=open_ids).values_list(
         "trace_id", "span_id", "name", "start_time_unix_nano", "attributes")
     merged = 0
     for trace_id, span_id, name, start, attributes in stored:

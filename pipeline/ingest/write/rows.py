@@ -16,7 +16,7 @@ from django.utils import timezone
 
 from pipeline.ingest.write import sql
 from pipeline.ingest.write.artifacts import store_observation_artifacts
-from pipeline.ingest.write.linking import RoundRows, link_compressions
+from pipeline.ingest.write.linking import RoundRows, link_compressions, save_requests
 from pipeline.ingest.normalise.span import NormalisedSpan
 from pipeline.ingest.write.sanitise import clamp_integers
 from pipeline.insight.costs import price_llm_call
@@ -119,6 +119,7 @@ def insert_rows(spans: list[NormalisedSpan], rows: dict[str, list], links: Round
     sql.insert_values(Span, SPAN_COLUMNS, rows["span"])
     sql.insert_rows(LLMCall, rows["llm"])
     sql.fetch_ids(LLMCall, rows["llm"])
+    save_requests(rows["llm"])
     links.link_tools()
     if rows["tool"]:
         refs = {(s.record.trace_id, s.record.span_id): s.tool["artifact_ref"] for s in spans if s.tool}

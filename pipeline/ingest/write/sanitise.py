@@ -37,6 +37,8 @@ UNSTORABLE = re.compile("[\x00\ud800-\udfff]")  # NUL, and surrogates (JSON pair
 
 
 def clean_text(text: str) -> str:
+    if text.isascii():  # no surrogates: only a NUL to replace, found without the regex
+        return text.replace("\x00", "\ufffd") if "\x00" in text else text
     return UNSTORABLE.sub("\ufffd", text)
 
 
@@ -61,12 +63,21 @@ def clean_attributes(attributes: dict[str, Any]) -> dict[str, Any]:
     return {clean_text(str(key)): clean_value(value) for key, value in attributes.items()}
 
 
-def clean_record(record: SpanRecord) -> SpanRecord:
+def clean_record(record: SpanRecord, resources: dict[int, tuple[dict, dict]] | None = None) -> SpanRecord:
+    """`resources`: cleaned resources by the id of the dict they came from, for one batch (the spans
+    of one ResourceSpans share its dict, and stay sharing the cleaned one)."""
     record.name = clean_text(record.name)
     record.status_message = clean_text(record.status_message)
     record.scope_name, record.scope_version = clean_text(record.scope_name), clean_text(record.scope_version)
     record.attributes = clean_attributes(record.attributes)
-    record.resource = clean_attributes(record.resource)
+    if resources is None:
+        record.resource = clean_attributes(record.resource)
+    else:
+        original, cleaned = resources.get(id(record.resource), (None, None))
+        if original is not record.resource:
+            original, cleaned = record.resource, clean_attributes(record.resource)
+            resources[id(original)] = (original, cleaned)  # the original is kept so its id is not reused
+        record.resource = cleaned
     record.events = [SpanEvent(clean_text(e.name), e.time_unix_nano, clean_attributes(e.attributes))
                      for e in record.events]
     record.links = [clean_value(link) for link in record.links]

@@ -35,7 +35,7 @@ from pipeline.ingest.write import deferred
 from pipeline.ingest.write import sql
 from pipeline.ingest.write import tool_context
 from pipeline.ingest.write.tool_levels import mark_pending
-from pipeline.ingest.write.counters import recompute_counters
+from pipeline.ingest.write.counters import add_new_rows, recompute_counters
 from pipeline.ingest.write.linking import RoundRows, relink_stored
 from pipeline.ingest.write.logs import apply_logs, save_logs
 from pipeline.ingest.normalise.span import NormalisedSpan, normalise
@@ -97,8 +97,9 @@ def prepare_spans(records: Sequence[SpanRecord]) -> PreparedBatch:
     errors: list[str] = []
     spans: list[NormalisedSpan] = []
     seen: set[tuple[str, str]] = set()
+    resources: dict[int, tuple[dict, dict]] = {}
     for record in records:
-        record = clean_record(record)  # NUL, NaN, 2**70: storable, instead of failing the batch
+        record = clean_record(record, resources)  # NUL, NaN, 2**70: storable, instead of failing the batch
         problem = validation_error(record)
         if problem:
             errors.append(problem)
@@ -172,15 +173,21 @@ def _store(
 
     round_ids: set[int] = set()
     conversation_ids: set[int] = set()
+    recount: set[int] = set()  # rounds whose stored rows changed: aggregated again, not added to
     if fresh:
-        conversations, created = resolve_conversations(fresh)
+        conversations, created, merged = resolve_conversations(fresh)
         rounds, new_rounds = resolve_rounds(fresh, conversations)
         round_ids = {r.id for r in rounds.values()}
         stored_rounds = round_ids - new_rounds
-        links = RoundRows.load(stored_rounds)  # what earlier requests stored in these rounds
         rows = build_rows(fresh, conversations, rounds, source)
+        # Rounds whose stored rows moved (merged in) or went (a replaced open span) are read whole
+        # and aggregated again; of the others, only what the new rows can change is read.
+        recount |= round_ids if replaced else {r.id for r in rounds.values() if r.conversation_id in merged}
+        links = RoundRows.around(stored_rounds, rows["llm"], rows["tool"], rows["compression"], whole=recount)
         insert_rows(fresh, rows, links, stored_rounds)
-        update_rows(Round, links.fill_final_answers(rounds.values()), ["final_answer"])
+        stated = {rounds[(conversations[s.record.trace_id].id, s.round_key)].id
+                  for s in fresh if s.in_round and s.final_answer}
+        update_rows(Round, links.fill_final_answers(rounds.values(), stated), ["final_answer"])
         tool_context.update_tool_context(rows["llm"], tool_context.tool_keys([*rows["tool"], *links.changed_tools.values()]))
         pending = mark_pending(rows["tool"]) or pending or any(
             row.tokens_pending for row in (*rows["llm"], *rows["tool"])
@@ -202,8 +209,12 @@ def _store(
             relink_stored(logged_rounds, Round.objects.filter(id__in=logged_rounds).only("id", "final_answer"))
             tool_context.update_for_rounds(logged_rounds)
         round_ids |= logged_rounds
+        recount |= logged_rounds
         conversation_ids |= logged_conversations
-    recompute_counters(round_ids, conversation_ids)
+    if fresh:
+        add_new_rows([c.id for c in rows["llm"] if c.round_id not in recount],
+                     [t.id for t in rows["tool"] if t.round_id not in recount])
+    recompute_counters(recount, conversation_ids)
     mark_stale(conversation_ids)  # their finding counts are refreshed after the commit
     changes["round_ids"] = sorted(round_ids)
     changes["conversation_ids"] = sorted(conversation_ids)
@@ -213,13 +224,7 @@ def _store(
 def _stored_spans(spans: list[NormalisedSpan]) -> dict[tuple[str, str], int]:
     """{(trace_id, span_id): end_time_unix_nano} of the batch's spans that are already stored."""
     wanted = {(s.record.trace_id, s.record.span_id) for s in spans}
-    traces = sorted({k[0] for k in wanted})
-    # By trace only: an IN list on both columns makes SQLite probe every (trace, span) pair.
-    rows = sql.fetch(
-        f"SELECT trace_id, span_id, end_time_unix_nano FROM {sql.table(Span)} WHERE trace_id IN ({sql.marks(traces)})",
-        traces,
-    )
-    return {(t, s): end for t, s, end in rows if (t, s) in wanted}
+    return {(t, s): end for t, s, end in sql.by_spans(Span, ["end_time_unix_nano"], wanted)}
 
 
 def _committed(changes: IngestChanges, pending: bool) -> None:

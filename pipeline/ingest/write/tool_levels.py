@@ -86,11 +86,6 @@ def _content(tool: ToolCall) -> tuple:
     return tool.observation, tool.output_level, tool.artifact_id
 
 
-def any_pending(tools: Iterable[ToolCall]) -> bool:
-    ids = [t.pk for t in tools]
-    return bool(ids) and ToolCall.objects.filter(levels_pending=True, pk__in=ids).exists()
-
-
 def write(tools: Iterable[ToolCall]) -> list[ToolCall]:
     """Store the counts of `tools` that are still pending with the content they were counted
     from (inside the caller's transaction); returns the rows written. A row changed meanwhile
