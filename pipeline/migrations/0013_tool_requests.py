@@ -30,7 +30,7 @@ def fill_requests(apps, schema_editor) -> None:
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('pipeline', '0011_tool_context'),
+        ('pipeline', '0012_conversation_totals_index'),
     ]
 
     operations = [
