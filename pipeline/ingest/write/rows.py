@@ -20,6 +20,7 @@ from pipeline.ingest.write.linking import RoundRows, link_compressions
 from pipeline.ingest.normalise.span import NormalisedSpan
 from pipeline.ingest.write.sanitise import clamp_integers
 from pipeline.insight.costs import price_llm_call
+from pipeline.rollups import track as rollups
 from pipeline.models import CompressionEvent, Conversation, LLMCall, Round, SkillActivation, Span, ToolCall
 
 ROW_MODELS = (Span, LLMCall, ToolCall, CompressionEvent, SkillActivation)
@@ -118,12 +119,14 @@ def insert_rows(spans: list[NormalisedSpan], rows: dict[str, list], links: Round
     links.number_steps()
     sql.insert_values(Span, SPAN_COLUMNS, rows["span"])
     sql.insert_rows(LLMCall, rows["llm"])
+    rollups.inserted(LLMCall, rows["llm"])
     sql.fetch_ids(LLMCall, rows["llm"])
     links.link_tools()
     if rows["tool"]:
         refs = {(s.record.trace_id, s.record.span_id): s.tool["artifact_ref"] for s in spans if s.tool}
         store_observation_artifacts(rows["tool"], refs)
         sql.insert_rows(ToolCall, rows["tool"])
+        rollups.inserted(ToolCall, rows["tool"])
         sql.fetch_ids(ToolCall, rows["tool"])
     if rows["compression"] or (stored_rounds and rows["llm"]):
         link_compressions(rows["compression"], links, stored_rounds)
@@ -136,4 +139,6 @@ def delete_span_rows(keys: Iterable[tuple[str, str]]) -> None:
     """Remove the rows of spans that are about to be replaced by their finished versions."""
     for trace_id, span_id in keys:
         for model in ROW_MODELS:
-            model.objects.filter(trace_id=trace_id, span_id=span_id).delete()
+            rows = model.objects.filter(trace_id=trace_id, span_id=span_id)
+            rollups.deleting(model, list(rows.values_list("pk", flat=True)) if model in (LLMCall, ToolCall) else [])
+            rows.delete()
