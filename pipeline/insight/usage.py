@@ -75,7 +75,8 @@ def _from_figures(name: str, f: Figures) -> ModelUsage:
 
 
 def _ordered(usage: list[ModelUsage]) -> list[ModelUsage]:
-    return _ordered(usage)
+    usage.sort(key=lambda u: (u.cost_usd is None, -(u.cost_usd or 0), -u.calls, u.model))
+    return usage
 
 
 def model_usage(calls: QuerySet[LLMCall] | None = None) -> list[ModelUsage]:
@@ -97,5 +98,4 @@ def model_usage(calls: QuerySet[LLMCall] | None = None) -> list[ModelUsage]:
         )
         for row in rows
     ]
-    usage.sort(key=lambda u: (u.cost_usd is None, -(u.cost_usd or 0), -u.calls, u.model))
-    return usage
+    return _ordered(usage)

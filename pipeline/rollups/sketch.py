@@ -6,10 +6,10 @@ only the bucket mapping, merging and quantiles, and a sketch kept as a JSON map
 takes its count back out), which the package's protobuf form does not offer.
 
 A duration d > 0 falls in bucket i = ceil(log_gamma(d)), gamma = (1 + ALPHA) / (1 - ALPHA);
-the bucket's value 2 * gamma**i / (gamma + 1) is within ALPHA of every duration in it. So the
-quantile read from a sketch is within ALPHA (2 %) of the duration at the same rank: for q, the
-duration at 0-based rank floor(q * (n - 1)) of the sorted durations (the lower of the two
-that percentile_cont interpolates between). Durations <= MIN_MS share bucket "z", read as 0.
+the bucket's value 2 * gamma**i / (gamma + 1) is within ALPHA of every duration in it. A
+percentile is read as percentile_cont defines it — interpolated between the durations at the two
+nearest ranks — from those ranks' bucket values: each within ALPHA, so the percentile is within
+ALPHA (2 %) of the exact one. Durations <= MIN_MS share bucket "z", read as 0.
 """
 
 from __future__ import annotations
@@ -48,18 +48,26 @@ def merge(into: Counter, other: Mapping[str, int], sign: int = 1) -> None:
 
 
 def quantiles(sketch: Mapping[str, int], qs: Iterable[float]) -> list[float | None]:
-    """The values at quantiles `qs` (rank floor(q * (n - 1))); None for an empty sketch."""
+    """The continuous percentiles `qs` (percentile_cont's definition: between the durations at the
+    two nearest ranks) from the bucket values; None for an empty sketch."""
     qs = list(qs)
     n = sum(sketch.values())
     if n <= 0:
         return [None] * len(qs)
     ordered = sorted(sketch.items(), key=lambda item: -math.inf if item[0] == ZERO else int(item[0]))
-    out = []
-    for q in qs:
-        rank, seen = math.floor(q * (n - 1)), 0
+
+    def at(rank: int) -> float:
+        seen = 0
         for key, count in ordered:
             seen += count
             if seen > rank:
-                out.append(value_of(key))
-                break
+                return value_of(key)
+        return value_of(ordered[-1][0])
+
+    out = []
+    for q in qs:
+        position = q * (n - 1)
+        lower = math.floor(position)
+        low, high = at(lower), at(min(lower + 1, n - 1))
+        out.append(low + (high - low) * (position - lower))
     return out

@@ -138,3 +138,15 @@ def updating(model: type[Model], rows: Sequence[Model], names: Sequence[str]) ->
     yield
     deltas.add(kind, _stored_values(model, ids))
     deltas.write()
+
+
+def on_pre_save(sender: type[Model], instance: Model, raw: bool = False, **kwargs: Any) -> None:
+    """A call saved through the ORM (the admin, scripts, fixtures): take its stored version out."""
+    if not raw and instance.pk is not None and not instance._state.adding:
+        deleting(sender, [instance.pk])
+
+
+def on_post_save(sender: type[Model], instance: Model, raw: bool = False, **kwargs: Any) -> None:
+    """...and put the saved version in. Ingest writes with SQL (the hooks above), not through here."""
+    if not raw:
+        inserted(sender, [instance])
