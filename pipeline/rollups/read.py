@@ -79,7 +79,7 @@ def figures_by_name(kind: str, *, since: datetime | None = None, until: datetime
         if name is not None:
             rows = rows.filter(name=name)
         for row_name, calls, sums, errors, latency in rows.values_list("name", "calls", "sums", "errors", "latency"):
-            out[row_name].add(Figures.from_stored(calls, sums, errors, latency))
+            out[row_name].add_stored(calls, sums, errors, latency)
     for row in _raw_calls(kind, raw, name):
         row_name, _, figures = contribution(kind, row)
         out[row_name].add(figures)
@@ -100,5 +100,5 @@ def per_minute(kind: str, since: datetime) -> dict[datetime, Figures]:
     out: dict[datetime, Figures] = defaultdict(Figures)
     rows = Rollup.objects.order_by().filter(kind=kind, grain="m", bucket_start__gte=since)
     for start, calls, sums, errors, latency in rows.values_list("bucket_start", "calls", "sums", "errors", "latency"):
-        out[start].add(Figures.from_stored(calls, sums, errors, latency))
+        out[start].add_stored(calls, sums, errors, latency)
     return dict(out)
