@@ -20,7 +20,7 @@ from django.utils import timezone
 from pipeline.insight.findings import CODES, SEVERITIES
 from pipeline.models import CompressionEvent, Conversation, LLMCall, Status, ToolCall
 from pipeline.rollups import sketch
-from pipeline.rollups.figures import MODEL, TOOL, Figures
+from pipeline.rollups.figures import COMPRESSION, MODEL, TOOL, Figures
 from pipeline.rollups.read import figures_by_name, per_minute
 
 # Columns that can hold a whole context window (megabytes per row with a real agent). Lists,
@@ -82,9 +82,7 @@ def _all(figures: dict[str, Figures]) -> Figures:
 def totals(since: datetime | None) -> Totals:
     llm = _all(figures_by_name(MODEL, since=since))
     tools = _all(figures_by_name(TOOL, since=since))
-    compressions = _since(CompressionEvent.objects.order_by(), "occurred_at", since).aggregate(
-        count=Count("id"), before=Sum("tokens_before"), after=Sum("tokens_after")
-    )
+    compressions = _all(figures_by_name(COMPRESSION, since=since))
     return Totals(
         conversations=_since(Conversation.objects.order_by(), "last_activity_at", since).count(),
         llm_calls=llm.calls,
@@ -92,8 +90,8 @@ def totals(since: datetime | None) -> Totals:
         output_tokens=llm.sum("output_tokens"),
         tool_calls=tools.calls,
         tool_errors=tools.failures,
-        compressions=compressions["count"],
-        tokens_saved=(compressions["before"] or 0) - (compressions["after"] or 0),
+        compressions=compressions.calls,
+        tokens_saved=compressions.sum("tokens_before") - compressions.sum("tokens_after"),
         cost_usd=llm.sum("cost_usd") if llm.sum("priced") else None,
         unpriced_calls=llm.calls - llm.sum("priced"),
     )

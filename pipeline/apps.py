@@ -22,9 +22,9 @@ class PipelineConfig(AppConfig):
         """LLM and tool calls saved through the ORM keep their rollups too (pipeline.rollups.track)."""
         from django.db.models.signals import post_save, pre_save
 
-        from pipeline.models import LLMCall, ToolCall
+        from pipeline.models import CompressionEvent, LLMCall, ToolCall
         from pipeline.rollups import track
 
-        for model in (LLMCall, ToolCall):
+        for model in (LLMCall, ToolCall, CompressionEvent):
             pre_save.connect(track.on_pre_save, sender=model, dispatch_uid=f"rollups.pre.{model.__name__}")
             post_save.connect(track.on_post_save, sender=model, dispatch_uid=f"rollups.post.{model.__name__}")

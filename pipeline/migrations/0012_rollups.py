@@ -22,7 +22,7 @@ class Migration(migrations.Migration):
             name='Rollup',
             fields=[
                 ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('kind', models.CharField(max_length=8)),
+                ('kind', models.CharField(max_length=16)),
                 ('name', models.CharField(max_length=255)),
                 ('grain', models.CharField(max_length=1)),
                 ('bucket_start', models.DateTimeField()),

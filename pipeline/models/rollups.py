@@ -1,4 +1,5 @@
-"""Rollups: per tool and per model, what their calls added up to in one time bucket.
+"""Rollups: per tool, per model and per compression strategy, what their calls (or
+compressions) added up to in one time bucket.
 
 Kept at ingest in the transaction that writes the calls (pipeline.rollups), so windowed
 statistics read a few rows per bucket instead of every call. One row per (kind, name, grain,
@@ -14,7 +15,7 @@ from django.db import models
 
 
 class Rollup(models.Model):
-    kind = models.CharField(max_length=8)  # "tool" | "model"
+    kind = models.CharField(max_length=16)  # "tool" | "model" | "compression" (name = strategy)
     name = models.CharField(max_length=255)
     grain = models.CharField(max_length=1)  # "m" | "h" | "d"
     bucket_start = models.DateTimeField()

@@ -15,19 +15,21 @@ from decimal import Decimal
 from typing import Any
 
 from pipeline.insight.levels import LEVELS
-from pipeline.models import LLMCall, ToolCall
+from pipeline.models import CompressionEvent, LLMCall, ToolCall
 from pipeline.rollups import sketch
 
-TOOL, MODEL = "tool", "model"
-KIND_OF = {ToolCall: TOOL, LLMCall: MODEL}
-MODEL_OF = {TOOL: ToolCall, MODEL: LLMCall}
-NAME_COLUMN = {TOOL: "tool_name", MODEL: "model"}
+TOOL, MODEL, COMPRESSION = "tool", "model", "compression"
+KIND_OF = {ToolCall: TOOL, LLMCall: MODEL, CompressionEvent: COMPRESSION}
+MODEL_OF = {TOOL: ToolCall, MODEL: LLMCall, COMPRESSION: CompressionEvent}
+NAME_COLUMN = {TOOL: "tool_name", MODEL: "model", COMPRESSION: "strategy"}
+TIME_COLUMN = {TOOL: "started_at", MODEL: "started_at", COMPRESSION: "occurred_at"}
 COLUMNS = {
     TOOL: ("tool_name", "started_at", "duration_ms", "success", "error_type", "retry_count", "cache_hit",
            "observation_tokens", "input_tokens", "context_tokens", "context_carries", "context_cost_usd",
            "tokens_at_level"),
     MODEL: ("model", "started_at", "duration_ms", "status", "error_type", "input_tokens", "output_tokens",
             "cache_read_tokens", "cache_write_tokens", "reasoning_tokens", "cost_usd"),
+    COMPRESSION: ("strategy", "occurred_at", "tokens_before", "tokens_after"),
 }
 DECIMALS = frozenset({"cost_usd", "context_cost_usd"})  # kept as decimal strings in the JSON sums
 
@@ -81,9 +83,13 @@ def _utc(value: datetime) -> datetime:
 
 
 def contribution(kind: str, row: dict[str, Any]) -> tuple[str, datetime, Figures]:
-    """(name, started_at in UTC, figures) of one call, from the values of COLUMNS[kind]."""
+    """(name, started_at in UTC, figures) of one call (or compression), from the values of COLUMNS[kind]."""
     figures = Figures(calls=1)
     sums = figures.sums
+    if kind == COMPRESSION:
+        sums["tokens_before"] += row["tokens_before"] or 0
+        sums["tokens_after"] += row["tokens_after"] or 0
+        return row["strategy"] or "", _utc(row["occurred_at"]), figures
     duration = row["duration_ms"]
     if duration is not None:
         sums["duration_n"] += 1

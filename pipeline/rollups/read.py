@@ -20,7 +20,7 @@ from django.utils import timezone
 
 from pipeline.models import Rollup
 from pipeline.rollups.compact import kept_since
-from pipeline.rollups.figures import COLUMNS, MODEL_OF, NAME_COLUMN, Figures, contribution
+from pipeline.rollups.figures import COLUMNS, MODEL_OF, NAME_COLUMN, TIME_COLUMN, Figures, contribution
 from pipeline.rollups.track import GRAINS, floor
 
 ORDER = ("d", "h", "m")
@@ -89,7 +89,7 @@ def figures_by_name(kind: str, *, since: datetime | None = None, until: datetime
 def _raw_calls(kind: str, parts: list[tuple[datetime | None, datetime | None]], name: str | None) -> Iterator[dict]:
     model = MODEL_OF[kind]
     for lo, hi in parts:
-        calls = model.objects.order_by().filter(started_at__gte=lo, started_at__lt=hi)
+        calls = model.objects.order_by().filter(**{f"{TIME_COLUMN[kind]}__gte": lo, f"{TIME_COLUMN[kind]}__lt": hi})
         if name is not None:
             calls = calls.filter(**{NAME_COLUMN[kind]: name})
         yield from calls.values(*COLUMNS[kind]).iterator(chunk_size=5000)

@@ -24,6 +24,7 @@ from pipeline.rollups import track as rollups
 from pipeline.models import CompressionEvent, Conversation, LLMCall, Round, SkillActivation, Span, ToolCall
 
 ROW_MODELS = (Span, LLMCall, ToolCall, CompressionEvent, SkillActivation)
+ROLLED_UP = (LLMCall, ToolCall, CompressionEvent)  # rows with rollups (pipeline.rollups)
 
 
 def jsonable(value: Any) -> Any:
@@ -131,6 +132,7 @@ def insert_rows(spans: list[NormalisedSpan], rows: dict[str, list], links: Round
     if rows["compression"] or (stored_rounds and rows["llm"]):
         link_compressions(rows["compression"], links, stored_rounds)
     CompressionEvent.objects.bulk_create(clamp_integers(rows["compression"]))
+    rollups.inserted(CompressionEvent, rows["compression"])
     SkillActivation.objects.bulk_create(clamp_integers(rows["skill"]))
     links.save_changes()
 
@@ -140,5 +142,5 @@ def delete_span_rows(keys: Iterable[tuple[str, str]]) -> None:
     for trace_id, span_id in keys:
         for model in ROW_MODELS:
             rows = model.objects.filter(trace_id=trace_id, span_id=span_id)
-            rollups.deleting(model, list(rows.values_list("pk", flat=True)) if model in (LLMCall, ToolCall) else [])
+            rollups.deleting(model, list(rows.values_list("pk", flat=True)) if model in ROLLED_UP else [])
             rows.delete()
