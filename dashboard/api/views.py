@@ -180,6 +180,10 @@ class ToolStatsView(ReadApi, APIView):
         responses={200: s.ToolStatsSerializer(many=True), 400: ERROR, **READ_ERRORS},
         summary="Per-tool statistics: calls, success rate, retries, cache hit rate, latency percentiles, observation "
                 "tokens, what the results cost the context, and what another output level would have saved",
+        description="Over a time window (no `conversation`) the figures come from rollups kept at ingest: counts, "
+                    "sums and averages are exact; p50/p95/p99 are within 2 % of the exact percentiles (a "
+                    "DDSketch-style histogram with log-spaced buckets). With `conversation` they are computed "
+                    "from that conversation's calls, percentiles exact.",
     )
     def get(self, request: Request) -> Response:
         params = query_params(request, s.ToolStatsQuery)
@@ -200,6 +204,7 @@ class ModelStatsView(ReadApi, APIView):
         parameters=[s.ModelStatsQuery],
         responses={200: s.ModelStatsSerializer(many=True), 400: ERROR, **READ_ERRORS},
         summary="Per-model usage: LLM calls, tokens and cost in USD, the costliest model first",
+        description="Over a time window (no `conversation`) read from rollups kept at ingest; exact.",
     )
     def get(self, request: Request) -> Response:
         params = query_params(request, s.ModelStatsQuery)

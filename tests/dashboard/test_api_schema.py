@@ -125,3 +125,11 @@ def test_an_llm_call_documents_its_diff(schema):
     assert set(components["DiffMessage"]["properties"]) == {"index", "role", "category", "tokens"}
     assert set(components["ChangedMessage"]["properties"]) == {
         "index", "role", "category", "tokens", "previous_index", "previous_tokens"}
+
+
+def test_the_tool_stats_operation_states_the_percentiles_bound(schema):
+    get = schema["paths"]["/api/tools/stats/"]["get"]
+    figures = schema["components"]["schemas"]["ToolStats"]["properties"]
+
+    assert "within 2 %" in get["description"]
+    assert all("within 2 %" in figures[f"p{p}_duration_ms"]["description"] for p in (50, 95, 99))
