@@ -14,7 +14,7 @@ from datetime import datetime, timedelta
 from decimal import Decimal
 from itertools import chain
 
-from django.db.models import Count, Max, Q, QuerySet, Sum
+from django.db.models import Q, QuerySet
 from django.utils import timezone
 
 from pipeline.insight.findings import CODES, SEVERITIES
@@ -162,18 +162,6 @@ def recent_errors(limit: int = 8) -> list[ErrorRow]:
     return sorted(rows, key=lambda row: row.at, reverse=True)[:limit]
 
 
-def latency_histogram(calls: QuerySet[ToolCall]) -> dict[str, list]:
-    """Counts of tool calls per latency bucket (one grouped query)."""
-    bounds = (0, *LATENCY_BUCKETS_MS)
-    buckets = {
-        f"b{i}": Count("id", filter=Q(duration_ms__gte=low) & (Q(duration_ms__lt=high) if high else Q()))
-        for i, (low, high) in enumerate(zip(bounds, (*LATENCY_BUCKETS_MS, None)))
-    }
-    counts = calls.order_by().filter(duration_ms__isnull=False).aggregate(**buckets)
-    labels = [f"< {_ms(high)}" for high in LATENCY_BUCKETS_MS] + [f"≥ {_ms(LATENCY_BUCKETS_MS[-1])}"]
-    return {"labels": labels, "counts": [counts[f"b{i}"] for i in range(len(labels))]}
-
-
 def latency_histogram_of(figures: dict[str, Figures]) -> dict[str, list]:
     """latency_histogram from rollup figures: each sketch bucket counted where its value falls, so a
     call within 2 % of a bound may count on the other side of it."""
@@ -199,14 +187,3 @@ def errors_by_type_of(figures: dict[str, Figures], limit: int = 20) -> list[dict
 
 def _ms(value: float) -> str:
     return f"{value / 1000:g} s" if value >= 1000 else f"{value:g} ms"
-
-
-def errors_by_type(calls: QuerySet[ToolCall], limit: int = 20) -> list[dict]:
-    """Failed calls grouped by tool and error type, most frequent first."""
-    return list(
-        calls.order_by()
-        .filter(success=False)
-        .values("tool_name", "error_type")
-        .annotate(count=Count("id"), last_seen=Max("started_at"))
-        .order_by("-count", "tool_name")[:limit]
-    )
