@@ -8,16 +8,23 @@ Three hooks, one per kind of write, called where the rows are written:
 
 Only rows actually written count, so a re-sent span (stored nowhere) changes nothing; an update
 takes the row's old contribution out and puts the new one in; a delete takes it out.
+
+Inside `with batched():` (the ingest transaction: pipeline.ingest.write.store) the changes are
+gathered and written once at the end of the block, still inside the transaction; elsewhere each
+hook writes its own.
 """
 
 from __future__ import annotations
 
+import json
+import threading
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime, timedelta
 from typing import Any
 
+from django.db import connection
 from django.db.models import Model
 
 from pipeline.models import Rollup
@@ -51,7 +58,33 @@ class Deltas:
                 self.by_key[(kind, grain, floor(started, grain), name)].add(figures, sign)
 
     def write(self) -> None:
-        write_deltas(self.by_key)
+        if _open.deltas is not None:
+            for key, figures in self.by_key.items():
+                _open.deltas.by_key[key].add(figures)
+        else:
+            write_deltas(self.by_key)
+
+
+class _Open(threading.local):
+    deltas: Deltas | None = None
+
+
+_open = _Open()
+
+
+@contextmanager
+def batched() -> Iterator[None]:
+    """Gather the hooks' changes and write them once, at the end of the block (not on an error)."""
+    if _open.deltas is not None:  # nested: the outer block writes
+        yield
+        return
+    _open.deltas = Deltas()
+    try:
+        yield
+        deltas, _open.deltas = _open.deltas, None
+        write_deltas(deltas.by_key)
+    finally:
+        _open.deltas = None
 
 
 def write_deltas(by_key: dict[Key, Figures]) -> None:
@@ -91,8 +124,12 @@ def write_deltas(by_key: dict[Key, Figures]) -> None:
             updated.append(row)
     if emptied:
         Rollup.objects.filter(pk__in=emptied).delete()
-    if updated:
-        Rollup.objects.bulk_update(updated, ["calls", "sums", "errors", "latency"], batch_size=CHUNK)
+    if updated:  # one executemany: bulk_update's CASE WHEN costs more than the rest of this put together
+        query = (f"UPDATE {Rollup._meta.db_table} SET calls = %s, sums = %s, errors = %s, latency = %s "
+                 f"WHERE id = %s")
+        with connection.cursor() as cursor:
+            cursor.executemany(query, [(r.calls, json.dumps(r.sums), json.dumps(r.errors), json.dumps(r.latency), r.pk)
+                                       for r in updated])
     if new:
         Rollup.objects.bulk_create(new, batch_size=CHUNK)
 
@@ -102,6 +139,15 @@ def _stored_values(model: type[Model], ids: Sequence[int]) -> list[dict[str, Any
     out: list[dict[str, Any]] = []
     for i in range(0, len(ids), CHUNK):
         out.extend(model.objects.order_by().filter(pk__in=ids[i:i + CHUNK]).values(*COLUMNS[kind]))
+    return out
+
+
+def _stored_values_by_id(model: type[Model], ids: Sequence[int]) -> dict[int, dict[str, Any]]:
+    kind = KIND_OF[model]
+    out: dict[int, dict[str, Any]] = {}
+    for i in range(0, len(ids), CHUNK):
+        for row in model.objects.order_by().filter(pk__in=ids[i:i + CHUNK]).values("pk", *COLUMNS[kind]):
+            out[row.pop("pk")] = row
     return out
 
 
@@ -126,17 +172,19 @@ def deleting(model: type[Model], ids: Sequence[int]) -> None:
 def updating(model: type[Model], rows: Sequence[Model], names: Sequence[str]) -> Iterator[None]:
     """Around an UPDATE of `names` on `rows`: take their old contribution out and put the new one in."""
     kind = KIND_OF.get(model)
-    tracked = kind is not None and rows and any(
-        name in COLUMNS[kind] or f"{name}_id" in COLUMNS[kind] for name in names
-    )
+    tracked = kind is not None and rows and any(name in COLUMNS[kind] for name in names)
     if not tracked:
         yield
         return
     ids = [row.pk for row in rows]
-    deltas = Deltas()
-    deltas.add(kind, _stored_values(model, ids), sign=-1)
+    old = _stored_values_by_id(model, ids)
     yield
-    deltas.add(kind, _stored_values(model, ids))
+    # the new values: the stored ones with the columns just written taken from the instances
+    written = [name for name in COLUMNS[kind] if name in names]
+    new = [{**old[row.pk], **{name: getattr(row, name) for name in written}} for row in rows if row.pk in old]
+    deltas = Deltas()
+    deltas.add(kind, old.values(), sign=-1)
+    deltas.add(kind, new)
     deltas.write()
 
 
