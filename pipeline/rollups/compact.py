@@ -16,7 +16,7 @@ from django.utils import timezone
 from pipeline.conf import ctxlens_config
 from pipeline.models import Rollup
 from pipeline.rollups.figures import COLUMNS, MODEL_OF
-from pipeline.rollups.track import Deltas, floor
+from pipeline.rollups.track import Deltas, floor, write_deltas
 
 CHUNK = 20_000
 
@@ -49,6 +49,6 @@ def rebuild_rollups(now: datetime | None = None) -> int:
             rows = model.objects.order_by().values(*COLUMNS[kind]).iterator(chunk_size=CHUNK)
             deltas.add(kind, rows)
         since = kept_since(now)
-        deltas.by_key = {k: v for k, v in deltas.by_key.items() if since[k[1]] is None or k[2] >= since[k[1]]}
-        deltas.write()
-    return len(deltas.by_key)
+        rows = {k: v for k, v in deltas.expanded().items() if since[k[1]] is None or k[2] >= since[k[1]]}
+        write_deltas(rows)
+    return len(rows)

@@ -16,7 +16,6 @@ hook writes its own.
 
 from __future__ import annotations
 
-import json
 import threading
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Sequence
@@ -52,17 +51,28 @@ class Deltas:
         self.by_key: dict[Key, Figures] = defaultdict(Figures)
 
     def add(self, kind: str, rows: Iterable[dict[str, Any]], sign: int = 1) -> None:
+        """Gathered by minute; `expanded` adds each minute to its hour and day."""
         for row in rows:
             name, started, figures = contribution(kind, row)
-            for grain in GRAINS:
-                self.by_key[(kind, grain, floor(started, grain), name)].add(figures, sign)
+            self.by_key[(kind, "m", floor(started, "m"), name)].add(figures, sign)
+
+    def expanded(self) -> dict[Key, Figures]:
+        out: dict[Key, Figures] = defaultdict(Figures)
+        for (kind, _, minute, name), figures in self.by_key.items():
+            out[(kind, "m", minute, name)].add(figures)
+            out[(kind, "h", floor(minute, "h"), name)].add(figures)
+            out[(kind, "d", floor(minute, "d"), name)].add(figures)
+        return out
 
     def write(self) -> None:
-        if _open.deltas is not None:
-            for key, figures in self.by_key.items():
-                _open.deltas.by_key[key].add(figures)
-        else:
-            write_deltas(self.by_key)
+        """Write now, unless these are the open batch's deltas (written at the end of the batch)."""
+        if self is not _open.deltas:
+            write_deltas(self.expanded())
+
+
+def _deltas() -> Deltas:
+    """The open batch's deltas, or new ones to write at once."""
+    return _open.deltas if _open.deltas is not None else Deltas()
 
 
 class _Open(threading.local):
@@ -82,7 +92,7 @@ def batched() -> Iterator[None]:
     try:
         yield
         deltas, _open.deltas = _open.deltas, None
-        write_deltas(deltas.by_key)
+        write_deltas(deltas.expanded())
     finally:
         _open.deltas = None
 
@@ -92,44 +102,43 @@ def write_deltas(by_key: dict[Key, Figures]) -> None:
     changed = {k: d for k, d in by_key.items() if d.calls or d.sums or d.errors or d.latency}
     if not changed:
         return
-    wanted = defaultdict(set)
-    for kind, grain, start, name in changed:
-        wanted[(kind, grain)].add(start)
-    existing: dict[Key, Rollup] = {}
-    for (kind, grain), starts in wanted.items():
-        names = sorted({k[3] for k in changed if k[0] == kind and k[1] == grain})
-        starts = sorted(starts)
-        for i in range(0, len(starts), CHUNK):
-            # FOR UPDATE on PostgreSQL: two batches adding to one bucket take turns
-            rows = (Rollup.objects.select_for_update().order_by("pk")
-                    .filter(kind=kind, grain=grain, bucket_start__in=starts[i:i + CHUNK], name__in=names))
-            for row in rows:
-                existing[(row.kind, row.grain, row.bucket_start, row.name)] = row
+    # One query for every row the changes touch (a superset: the combinations of their kinds,
+    # names and starts), FOR UPDATE on PostgreSQL so that two batches adding to a bucket take turns.
+    existing: dict[Key, tuple] = {}
+    kinds = sorted({k[0] for k in changed})
+    names = sorted({k[3] for k in changed})
+    starts = sorted({k[2] for k in changed})
+    for i in range(0, len(starts), CHUNK):
+        rows = (Rollup.objects.select_for_update().order_by("pk")
+                .filter(kind__in=kinds, bucket_start__in=starts[i:i + CHUNK], name__in=names)
+                .values_list("kind", "grain", "bucket_start", "name", "pk", "calls", "sums", "errors", "latency"))
+        for kind, grain, start, name, *stored in rows:
+            if (kind, grain, start, name) in changed:
+                existing[(kind, grain, start, name)] = stored
     new, updated, emptied = [], [], []
     for key in sorted(changed):
         row = existing.get(key)
-        figures = Figures() if row is None else Figures.from_stored(row.calls, row.sums, row.errors, row.latency)
+        figures = Figures() if row is None else Figures.from_stored(*row[1:])
         figures.add(changed[key])
         if figures.calls <= 0:
             if row is not None:
-                emptied.append(row.pk)
+                emptied.append(row[0])
             continue
         stored = figures.stored()
         if row is None:
             kind, grain, start, name = key
             new.append(Rollup(kind=kind, grain=grain, bucket_start=start, name=name, **stored))
         else:
-            for attr, value in stored.items():
-                setattr(row, attr, value)
-            updated.append(row)
+            json = connection.ops.adapt_json_value  # what JSONField writes, on either engine
+            updated.append((stored["calls"], json(stored["sums"], None), json(stored["errors"], None),
+                            json(stored["latency"], None), row[0]))
     if emptied:
         Rollup.objects.filter(pk__in=emptied).delete()
     if updated:  # one executemany: bulk_update's CASE WHEN costs more than the rest of this put together
         query = (f"UPDATE {Rollup._meta.db_table} SET calls = %s, sums = %s, errors = %s, latency = %s "
                  f"WHERE id = %s")
         with connection.cursor() as cursor:
-            cursor.executemany(query, [(r.calls, json.dumps(r.sums), json.dumps(r.errors), json.dumps(r.latency), r.pk)
-                                       for r in updated])
+            cursor.executemany(query, updated)
     if new:
         Rollup.objects.bulk_create(new, batch_size=CHUNK)
 
@@ -155,7 +164,7 @@ def inserted(model: type[Model], rows: Sequence[Model]) -> None:
     """Count rows just inserted (their instances hold what was written)."""
     if model in KIND_OF and rows:
         kind = KIND_OF[model]
-        deltas = Deltas()
+        deltas = _deltas()
         deltas.add(kind, (values_of(kind, row) for row in rows))
         deltas.write()
 
@@ -163,7 +172,7 @@ def inserted(model: type[Model], rows: Sequence[Model]) -> None:
 def deleting(model: type[Model], ids: Sequence[int]) -> None:
     """Take out rows about to be deleted (call before the delete, in its transaction)."""
     if model in KIND_OF and ids:
-        deltas = Deltas()
+        deltas = _deltas()
         deltas.add(KIND_OF[model], _stored_values(model, list(ids)), sign=-1)
         deltas.write()
 
@@ -182,7 +191,7 @@ def updating(model: type[Model], rows: Sequence[Model], names: Sequence[str]) ->
     # the new values: the stored ones with the columns just written taken from the instances
     written = [name for name in COLUMNS[kind] if name in names]
     new = [{**old[row.pk], **{name: getattr(row, name) for name in written}} for row in rows if row.pk in old]
-    deltas = Deltas()
+    deltas = _deltas()
     deltas.add(kind, old.values(), sign=-1)
     deltas.add(kind, new)
     deltas.write()
