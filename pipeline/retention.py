@@ -150,10 +150,6 @@ def prune(
             result.batches += batches
         with transaction.atomic():
             # Re-check under the transaction: a span ingested meanwhile makes the conversation current again.
-            for model in (LLMCall, ToolCall, CompressionEvent):  # what the cascade below deletes leaves its rollups
-                rollups.deleting(model, list(model.objects.filter(
-                    conversation_id__in=conversation_ids, conversation__last_activity_at__lt=result.cutoff
-                ).values_list("pk", flat=True)))
             _, per_model = Conversation.objects.filter(
                 pk__in=conversation_ids, last_activity_at__lt=result.cutoff
             ).delete()

@@ -197,6 +197,12 @@ def updating(model: type[Model], rows: Sequence[Model], names: Sequence[str]) ->
     deltas.write()
 
 
+def on_conversation_delete(sender: type[Model], instance: Model, **kwargs: Any) -> None:
+    """A conversation deleted (the admin; prune's last step): its rows leave with the cascade."""
+    for model in KIND_OF:
+        deleting(model, list(model.objects.filter(conversation_id=instance.pk).values_list("pk", flat=True)))
+
+
 def on_pre_save(sender: type[Model], instance: Model, raw: bool = False, **kwargs: Any) -> None:
     """A call saved through the ORM (the admin, scripts, fixtures): take its stored version out."""
     if not raw and instance.pk is not None and not instance._state.adding:

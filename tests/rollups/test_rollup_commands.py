@@ -61,3 +61,14 @@ def test_a_rollup_age_must_be_positive(settings, name, check_id):
     setattr(settings, name, 0)
     with pytest.raises(SystemCheckError, match=check_id):
         call_command("check")
+
+
+def test_a_conversation_deleted_in_the_admin_takes_its_calls_out_of_the_rollups():
+    kept, deleted = make_conversation("kept"), make_conversation("deleted")
+    tool_call(kept, NOW, 1)
+    tool_call(deleted, NOW, 2)
+    tool_call(deleted, NOW, 3)
+
+    deleted.delete()  # what the admin's delete action does: the calls go with the cascade
+
+    assert set(Rollup.objects.values_list("grain", "calls")) == {("m", 1), ("h", 1), ("d", 1)}
