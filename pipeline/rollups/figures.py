@@ -50,15 +50,17 @@ class Figures:
         sketch.merge(self.errors, other.errors, sign)
         sketch.merge(self.latency, other.latency, sign)
 
-    def add_stored(self, calls: int, sums: dict, errors: dict, latency: dict) -> None:
-        """add(Figures.from_stored(...)) without building one: the read path merges many rows."""
-        self.calls += calls
+    def add_stored(self, calls: int, sums: dict, errors: dict, latency: dict, sign: int = 1) -> None:
+        """add(Figures.from_stored(...), sign) without building one: the read path merges many rows."""
+        self.calls += sign * calls
         own = self.sums
         for key, value in sums.items():
-            own[key] += Decimal(value) if key in DECIMALS else value
+            own[key] += sign * (Decimal(value) if key in DECIMALS else value)
         for into, other in ((self.errors, errors), (self.latency, latency)):
             for key, count in other.items():
-                into[key] += count
+                into[key] += sign * count
+                if not into[key]:
+                    del into[key]
 
     def sum(self, key: str) -> Any:
         return self.sums.get(key, Decimal(0) if key in DECIMALS else 0)
