@@ -339,7 +339,7 @@ def ensure_populated(total_spans: int) -> tuple[int, str]:
         done = f"stored {Span.objects.count():,} spans in {time.perf_counter() - started:.0f} s (bulk insert)"
     try:
         from pipeline.models import Rollup
-        from pipeline.rollups import rebuild_rollups
+        from pipeline.rollups.compact import rebuild_rollups
     except ImportError:  # a tree before rollups
         return newest, done
     if not Rollup.objects.exists():

@@ -66,7 +66,7 @@ def populate(calls: int, now: datetime) -> str:
 
     from pipeline.models import ApiKey, Conversation, ToolCall
     from pipeline.models.apikeys import Scope
-    from pipeline.rollups import rebuild_rollups
+    from pipeline.rollups.compact import rebuild_rollups
 
     call_command("migrate", verbosity=0)
     start = now - timedelta(seconds=calls)

@@ -27,7 +27,7 @@ from pipeline.artifacts.cleanup import delete_artifacts, delete_expired_artifact
 from pipeline.conf import ctxlens_config
 from pipeline.ingest.write import sql
 from pipeline.ingest.write.counters import recompute_counters
-from pipeline.rollups import compact_rollups
+from pipeline.rollups.compact import compact_rollups
 from pipeline.rollups import track as rollups
 from pipeline.models import (
     Artifact,

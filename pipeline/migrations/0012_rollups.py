@@ -6,7 +6,7 @@ from django.db import migrations, models
 def rebuild(apps, schema_editor):
     """Rollups for the calls stored before this migration (the current code: a later schema change
     to the calls re-runs `manage.py rebuild_rollups` instead of relying on this)."""
-    from pipeline.rollups import rebuild_rollups
+    from pipeline.rollups.compact import rebuild_rollups
 
     rebuild_rollups()
 

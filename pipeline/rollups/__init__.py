@@ -1,4 +1,5 @@
-"""Rollups maintained at ingest: per time bucket and per tool / per model (pipeline.models.Rollup).
+"""Rollups maintained at ingest: per time bucket and per tool, model and compression strategy
+(pipeline.models.Rollup).
 
     track     the hooks that keep them in step with every write of an LLM or tool call
     figures   what one call contributes; Figures, the sums that add and subtract
@@ -6,9 +7,3 @@
     read      windowed figures: rollups inside the window, raw calls at its edges
     compact   ageing minute and hour rows out; rebuilding from the calls
 """
-
-from __future__ import annotations
-
-from pipeline.rollups.compact import compact_rollups, rebuild_rollups
-
-__all__ = ["compact_rollups", "rebuild_rollups"]

@@ -4,7 +4,9 @@ Three hooks, one per kind of write, called where the rows are written:
 
     inserted(ToolCall, rows)                    # pipeline.ingest.write.rows.insert_rows
     with updating(ToolCall, rows, names): ...   # pipeline.ingest.write.sql.update_rows
-    deleting(ToolCall, ids)                     # replaced spans, retention.prune
+    deleting(ToolCall, ids)                     # replaced spans, retention.prune, a conversation deleted
+
+and the ORM's signals for calls saved through it (the admin, scripts, test fixtures).
 
 Only rows actually written count, so a re-sent span (stored nowhere) changes nothing; an update
 takes the row's old contribution out and puts the new one in; a delete takes it out.
@@ -143,14 +145,6 @@ def write_deltas(by_key: dict[Key, Figures]) -> None:
         Rollup.objects.bulk_create(new, batch_size=CHUNK)
 
 
-def _stored_values(model: type[Model], ids: Sequence[int]) -> list[dict[str, Any]]:
-    kind = KIND_OF[model]
-    out: list[dict[str, Any]] = []
-    for i in range(0, len(ids), CHUNK):
-        out.extend(model.objects.order_by().filter(pk__in=ids[i:i + CHUNK]).values(*COLUMNS[kind]))
-    return out
-
-
 def _stored_values_by_id(model: type[Model], ids: Sequence[int]) -> dict[int, dict[str, Any]]:
     kind = KIND_OF[model]
     out: dict[int, dict[str, Any]] = {}
@@ -173,7 +167,7 @@ def deleting(model: type[Model], ids: Sequence[int]) -> None:
     """Take out rows about to be deleted (call before the delete, in its transaction)."""
     if model in KIND_OF and ids:
         deltas = _deltas()
-        deltas.add(KIND_OF[model], _stored_values(model, list(ids)), sign=-1)
+        deltas.add(KIND_OF[model], _stored_values_by_id(model, list(ids)).values(), sign=-1)
         deltas.write()
 
 

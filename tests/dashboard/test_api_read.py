@@ -20,7 +20,7 @@ from pipeline.models import (
     ToolCall,
 )
 from pipeline.models.apikeys import Scope
-from pipeline.rollups import rebuild_rollups
+from pipeline.rollups.compact import rebuild_rollups
 from tests.api_client import client_with
 from tests.factories import make_artifact
 

@@ -20,7 +20,7 @@ from pipeline.ingest.write.store import store_spans
 from pipeline.insight.usage import llm_calls_in, model_usage, window_model_usage
 from pipeline.models import Conversation, Rollup, Span, SpanLog
 from pipeline.retention import prune
-from pipeline.rollups import compact_rollups, rebuild_rollups
+from pipeline.rollups.compact import compact_rollups, rebuild_rollups
 from pipeline.stats import tool_calls_in, tool_stats, window_tool_stats
 
 pytestmark = pytest.mark.django_db

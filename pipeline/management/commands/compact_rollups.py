@@ -8,7 +8,7 @@ from __future__ import annotations
 from django.core.management.base import BaseCommand
 
 from pipeline.conf import ctxlens_config
-from pipeline.rollups import compact_rollups
+from pipeline.rollups.compact import compact_rollups
 
 
 class Command(BaseCommand):

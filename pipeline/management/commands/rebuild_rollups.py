@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from django.core.management.base import BaseCommand
 
-from pipeline.rollups import rebuild_rollups
+from pipeline.rollups.compact import rebuild_rollups
 
 
 class Command(BaseCommand):
