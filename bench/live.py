@@ -42,7 +42,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from bench.trees import checkout, short  # noqa: E402
 BIG_TABLES = ("pipeline_span", "pipeline_llmcall", "pipeline_toolcall", "pipeline_round", "pipeline_conversation",
-              "pipeline_compressionevent")
+              "pipeline_compressionevent", "pipeline_rollup")
 
 
 def setup_django(data_dir: Path) -> dict[str, str]:

@@ -112,7 +112,8 @@ def write_deltas(by_key: dict[Key, Figures]) -> None:
     starts = sorted({k[2] for k in changed})
     for i in range(0, len(starts), CHUNK):
         rows = (Rollup.objects.select_for_update().order_by("pk")
-                .filter(kind__in=kinds, bucket_start__in=starts[i:i + CHUNK], name__in=names)
+                .filter(kind__in=kinds, grain__in=sorted(GRAINS), bucket_start__in=starts[i:i + CHUNK],
+                        name__in=names)  # every column of the unique index: a lookup per combination, no scan
                 .values_list("kind", "grain", "bucket_start", "name", "pk", "calls", "sums", "errors", "latency"))
         for kind, grain, start, name, *stored in rows:
             if (kind, grain, start, name) in changed:
