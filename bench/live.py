@@ -17,6 +17,11 @@
     .venv/bin/python bench/live.py --part latency --samples 40 --clients 1,50
     .venv/bin/python bench/live.py --part latency --clients 200 --load 1000   # under ingest load
     .venv/bin/python bench/live.py --part pages --spans 1000000
+    .venv/bin/python bench/live.py --part pages --spans 1000000 --base <commit>   # before and after
+
+The rows are bulk-inserted, so their rollups (pipeline.rollups) are built after with
+rebuild_rollups, as ingest would have kept them. With --base, that commit's tree (a temporary
+git worktree) measures the pages on the same database first, then this checkout does.
 """
 
 from __future__ import annotations
@@ -38,8 +43,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from bench.trees import checkout, short  # noqa: E402
 BIG_TABLES = ("pipeline_span", "pipeline_llmcall", "pipeline_toolcall", "pipeline_round", "pipeline_conversation",
-              "pipeline_compressionevent")
+              "pipeline_compressionevent", "pipeline_rollup")
 
 
 def setup_django(data_dir: Path) -> dict[str, str]:
@@ -376,20 +382,38 @@ def full_scans(queries: list[dict]) -> list[str]:
     return found
 
 
+def ensure_populated(total_spans: int) -> tuple[int, str]:
+    """(the newest conversation's id, what was done): the rows, and their rollups when this
+    checkout keeps rollups and they are not built yet."""
+    from pipeline.models import Conversation, Span
+
+    started = time.perf_counter()
+    if Span.objects.count() >= total_spans:  # a kept database (--keep) already holds them
+        newest = Conversation.objects.order_by("-started_at").values_list("pk", flat=True)[0]
+        done = f"reused {Span.objects.count():,} stored spans"
+    else:
+        newest = populate(total_spans)
+        done = f"stored {Span.objects.count():,} spans in {time.perf_counter() - started:.0f} s (bulk insert)"
+    try:
+        from pipeline.models import Rollup
+        from pipeline.rollups.compact import rebuild_rollups
+    except ImportError:  # a tree before rollups
+        return newest, done
+    if not Rollup.objects.exists():
+        started = time.perf_counter()
+        rows = rebuild_rollups()
+        done += f"; built {rows:,} rollup rows in {time.perf_counter() - started:.0f} s"
+    return newest, done
+
+
 def measure_pages(total_spans: int, repeat: int, verbose: bool = False) -> list[str]:
     from django.contrib.auth import get_user_model
     from django.db import connection
     from django.test import Client
     from django.test.utils import CaptureQueriesContext
 
-    from pipeline.models import Conversation, Span
-
-    started = time.perf_counter()
-    if Span.objects.count() >= total_spans:  # a kept database (--keep) already holds them
-        newest = Conversation.objects.order_by("-started_at").values_list("pk", flat=True)[0]
-    else:
-        newest = populate(total_spans)
-    lines = [f"stored {Span.objects.count():,} spans in {time.perf_counter() - started:.0f} s (bulk insert)"]
+    newest, done = ensure_populated(total_spans)
+    lines = [done]
     client = Client()
     client.force_login(get_user_model().objects.get_or_create(username="bench-pages")[0])
     pages = {
@@ -432,6 +456,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=20, help="renders of each page")
     parser.add_argument("--keep", metavar="DIR", help="keep (and reuse) the database in DIR instead of a temp dir")
     parser.add_argument("--verbose", action="store_true", help="print each page's slowest query")
+    parser.add_argument("--base", help="pages part: measure this commit's tree first, on the same database")
     args = parser.parse_args()
     print(f"# .venv/bin/python bench/live.py {' '.join(shlex.quote(a) for a in sys.argv[1:])}".rstrip())
     print(f"# {os.cpu_count()} CPUs shared with other engineers' work while measuring: treat as noisy upper bounds")
@@ -447,6 +472,19 @@ def main() -> None:
                       f"  p95 {percentile(samples, .95) * 1000:6.1f} ms  (mean {statistics.mean(samples) * 1000:.1f} ms,"
                       f" {len(samples)} deliveries)")
         if args.part in ("pages", "all"):
+            if args.base:
+                print(ensure_populated(args.spans)[1])
+                print(f"## base {short(args.base)}", flush=True)
+                with checkout(args.base) as base:
+                    # each tree renders with its own static files' manifest (DEBUG off)
+                    subprocess.run([sys.executable, "manage.py", "collectstatic", "--no-input", "--verbosity", "0"],
+                                   cwd=base, env=env, check=True)
+                    subprocess.run([sys.executable, "bench/live.py", "--part", "pages", "--spans", str(args.spans),
+                                    "--repeat", str(args.repeat), "--keep", str(Path(args.keep or tmp))]
+                                   + (["--verbose"] if args.verbose else []), cwd=base, check=True)
+                print("## this checkout", flush=True)
+                subprocess.run([sys.executable, "manage.py", "collectstatic", "--no-input", "--verbosity", "0"],
+                               cwd=ROOT, env=env, check=True)
             for line in measure_pages(args.spans, args.repeat, args.verbose):
                 print(line)
 

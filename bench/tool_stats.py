@@ -1,65 +1,76 @@
-"""How long does the per-tool statistics query (GET /api/tools/stats/) take over many tool calls?
+"""How long does GET /api/tools/stats/ take over many tool calls, before and after a change?
 
-Fills a fresh database with N tool calls over 25 tools (random durations, some failures and
-retries), then times `pipeline.stats.tool_stats()` — one grouped query plus, on SQLite, the
-durations fetched unsorted and sorted per tool in Python for p50/p95 — and, for comparison,
-fetching the durations sorted by SQL (ORDER BY tool_name, duration_ms) without any aggregate.
-Prints the median of several runs.
+Fills a temporary SQLite database with N tool calls over 25 tools (one a second up to now, random
+durations, some failures and retries) with this checkout — bulk-inserted, then the rollups built
+by `rebuild_rollups` as ingest would have kept them — and times the endpoint in-process (Django's
+test client, a read key) for several windows, in this checkout and, with --base, in that commit's
+tree on the same database, one after the other. Every query the endpoint runs is checked with
+EXPLAIN QUERY PLAN for a full scan of the tool calls. Prints the median of several runs.
 
-    .venv/bin/python bench/tool_stats.py [--calls 100000] [--runs 7]
-    .venv/bin/python bench/tool_stats.py --database-url postgres://postgres@127.0.0.1:5432/ctxlens_bench
-
-The database is a temporary SQLite file, or the database --database-url names, whose tool calls
-are deleted first: never point it at real data.
+    .venv/bin/python bench/tool_stats.py [--calls 200000] [--runs 7] [--base <commit>]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import random
-import shutil
-import statistics
+import subprocess
 import sys
 import tempfile
-import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+WINDOWS = ("all time", "window=7d", "window=24h", "window=1h", "since=half")
+
+# Run in the tree measured (its own code on the shared database): prints {window: (ms, full scans)}.
+MEASURE = r'''
+import json, os, statistics, sys, time
+sys.path.insert(0, os.getcwd())
+import django
+django.setup()
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from rest_framework.test import APIClient
+client = APIClient()
+client.credentials(HTTP_AUTHORIZATION="Bearer " + os.environ["BENCH_KEY"])
+out = {}
+for name, query in json.loads(os.environ["BENCH_WINDOWS"]).items():
+    url = "/api/tools/stats/" + query
+    assert client.get(url).status_code == 200, url
+    times = []
+    for _ in range(int(os.environ["BENCH_RUNS"])):
+        began = time.perf_counter()
+        client.get(url)
+        times.append(time.perf_counter() - began)
+    with CaptureQueriesContext(connection) as captured:
+        client.get(url)
+    scans = 0
+    with connection.cursor() as cursor:
+        for q in captured.captured_queries:
+            if q["sql"].lstrip().upper().startswith("SELECT"):
+                cursor.execute("EXPLAIN QUERY PLAN " + q["sql"])
+                scans += sum(1 for row in cursor.fetchall() if row[-1].startswith("SCAN pipeline_toolcall"))
+    out[name] = (statistics.median(times) * 1000, scans)
+print(json.dumps(out))
+'''
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--calls", type=int, default=100_000)
-    parser.add_argument("--runs", type=int, default=7)
-    parser.add_argument("--database-url", default="", help="a scratch database; default: a temporary SQLite file")
-    args = parser.parse_args()
-
-    data_dir = tempfile.mkdtemp(prefix="ctxlens-bench-stats-")
-    os.environ["CTXLENS_DATA_DIR"] = data_dir
-    if args.database_url:
-        os.environ["DATABASE_URL"] = args.database_url
-    else:
-        os.environ.pop("DATABASE_URL", None)
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
-    os.environ["DEBUG"] = "0"
-    os.environ.setdefault("LOG_LEVEL", "WARNING")
-    import django
-
-    django.setup()
+def populate(calls: int, now: datetime) -> str:
+    """The database filled; returns a read key for the API."""
     from django.core.management import call_command
     from django.db import connection
 
-    from pipeline.models import Conversation, ToolCall
-    from pipeline.stats import tool_calls_in, tool_stats
+    from pipeline.models import ApiKey, Conversation, ToolCall
+    from pipeline.models.apikeys import Scope
+    from pipeline.rollups.compact import rebuild_rollups
 
     call_command("migrate", verbosity=0)
-    ToolCall.objects.all().delete()
-    Conversation.objects.filter(external_id="bench-tool-stats").delete()
-    start = datetime(2026, 5, 1, tzinfo=UTC)
-    conversation = Conversation.objects.create(external_id="bench-tool-stats", started_at=start, last_activity_at=start)
+    start = now - timedelta(seconds=calls)
+    conversation = Conversation.objects.create(external_id="bench-tool-stats", started_at=start, last_activity_at=now)
     rng = random.Random(7)
     rows = [
         ToolCall(
@@ -68,37 +79,60 @@ def main() -> None:
             success=rng.random() > 0.05, retry_count=rng.choice((0, 0, 0, 1, 2)),
             observation_tokens=rng.randrange(2000),
         )
-        for i in range(1, args.calls + 1)
+        for i in range(1, calls + 1)
     ]
-    ToolCall.objects.bulk_create(rows, batch_size=2000)
+    ToolCall.objects.bulk_create(rows, batch_size=2000)  # no signals: the rollups are built next
+    rebuild_rollups(now)
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE")
+    return ApiKey.generate("bench", scope=Scope.READ)[1]
 
-    def timed(fn) -> float:
-        times = []
-        for _ in range(args.runs):
-            began = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - began)
-        return statistics.median(times) * 1000
 
-    def sql_sort() -> None:
-        durations: dict[str, list[float]] = {}
-        for name, duration in ToolCall.objects.filter(duration_ms__isnull=False).order_by(
-                "tool_name", "duration_ms").values_list("tool_name", "duration_ms").iterator(chunk_size=5000):
-            durations.setdefault(name, []).append(duration)
+def measure(tree: Path, env: dict[str, str]) -> dict[str, list]:
+    done = subprocess.run([sys.executable, "-c", MEASURE], cwd=tree, env=env, check=True, capture_output=True,
+                          text=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
-    window = start + timedelta(seconds=args.calls // 2)
-    all_ms = timed(lambda: tool_stats())
-    half_ms = timed(lambda: tool_stats(tool_calls_in(since=window)))
-    sql_sort_ms = timed(sql_sort)
-    print(f"tool_stats over {args.calls} tool calls, 25 tools, {connection.vendor}: "
-          f"{all_ms:.0f} ms (all), {half_ms:.0f} ms (since= half of them); "
-          f"only fetching the durations sorted by SQL: {sql_sort_ms:.0f} ms (median of {args.runs})")
-    ToolCall.objects.all().delete()
-    conversation.delete()
-    connection.close()
-    shutil.rmtree(data_dir, ignore_errors=True)
-    db = f" --database-url {args.database_url}" if args.database_url else ""
-    print(f"reproduce: .venv/bin/python bench/tool_stats.py --calls {args.calls} --runs {args.runs}{db}")
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--calls", type=int, default=200_000)
+    parser.add_argument("--runs", type=int, default=7)
+    parser.add_argument("--base", help="also measure this commit (a branch, tag or hash) on the same database")
+    args = parser.parse_args()
+
+    with tempfile.TemporaryDirectory(prefix="ctxlens-bench-stats-") as data_dir:
+        env = {**os.environ, "CTXLENS_DATA_DIR": data_dir, "DATABASE_URL": f"sqlite:///{data_dir}/bench.sqlite3",
+               "DJANGO_SETTINGS_MODULE": "config.settings", "DEBUG": "0", "LOG_LEVEL": "WARNING",
+               "ALLOWED_HOSTS": "testserver"}
+        os.environ.update(env)
+        import django
+
+        django.setup()
+        now = datetime.now(UTC)
+        key = populate(args.calls, now)
+        half = (now - timedelta(seconds=args.calls // 2)).isoformat().replace("+00:00", "Z")
+        queries = {"all time": "", "window=7d": "?window=7d", "window=24h": "?window=24h", "window=1h": "?window=1h",
+                   "since=half": f"?since={half}"}
+        env.update(BENCH_KEY=key, BENCH_RUNS=str(args.runs), BENCH_WINDOWS=json.dumps(queries))
+        results = {}
+        if args.base:
+            from bench.trees import checkout, short
+
+            with checkout(args.base) as base:
+                results[f"base {short(args.base)}"] = measure(base, env)
+        results["this checkout"] = measure(ROOT, env)
+
+    print(f"GET /api/tools/stats/ over {args.calls:,} tool calls (one a second up to now), 25 tools, SQLite; "
+          f"median of {args.runs}, ms (full scans of the tool calls):")
+    print(f"{'':<16}" + "".join(f"{w:>16}" for w in WINDOWS))
+    for tree, figures in results.items():
+        print(f"{tree:<16}" + "".join(f"{figures[w][0]:>10.1f} ({figures[w][1]})" for w in WINDOWS))
+    if len(results) == 2:
+        before, after = results.values()
+        print(f"{'ratio':<16}" + "".join(f"{before[w][0] / after[w][0]:>15.1f}x" for w in WINDOWS))
+    base = f" --base {args.base}" if args.base else ""
+    print(f"reproduce: .venv/bin/python bench/tool_stats.py --calls {args.calls} --runs {args.runs}{base}")
 
 
 if __name__ == "__main__":

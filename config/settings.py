@@ -256,6 +256,10 @@ CTXLENS_MAX_INFLIGHT_BYTES = env_int("CTXLENS_MAX_INFLIGHT_BYTES", 256 * 1024 * 
 # Spans one ingest transaction stores at most; a larger OTLP request is stored in several, so it cannot hold the writer.
 CTXLENS_INGEST_CHUNK_SPANS = env_int("CTXLENS_INGEST_CHUNK_SPANS", 2000)
 CTXLENS_RETENTION_DAYS = env_int("CTXLENS_RETENTION_DAYS", 30)
+# Rollups (pipeline.rollups): minute rows are kept this many hours, hour rows this many days; older
+# data is read by the hour or the day (compact_rollups, also run by prune).
+CTXLENS_ROLLUP_MINUTE_HOURS = env_int("CTXLENS_ROLLUP_MINUTE_HOURS", 48)
+CTXLENS_ROLLUP_HOUR_DAYS = env_int("CTXLENS_ROLLUP_HOUR_DAYS", 30)
 # Spans per second per ingest key, averaged over the window (0 = no limit); over it → 503 + Retry-After.
 CTXLENS_INGEST_RATE_LIMIT = env_float("CTXLENS_INGEST_RATE_LIMIT", 0.0)
 CTXLENS_INGEST_RATE_WINDOW = env_int("CTXLENS_INGEST_RATE_WINDOW", 10)

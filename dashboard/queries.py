@@ -1,7 +1,9 @@
 """Read-side figures for the dashboard pages that the read API does not already compute.
 
 Every query is bounded by an indexed time range or a LIMIT, so page time does not grow with
-the number of stored spans. Per-tool statistics come from pipeline.stats.
+the number of stored spans. Windowed call figures (totals, tokens per minute, the latency
+histogram, errors by type) come from the rollups (pipeline.rollups), per-tool statistics from
+pipeline.stats.
 """
 
 from __future__ import annotations
@@ -12,12 +14,14 @@ from datetime import datetime, timedelta
 from decimal import Decimal
 from itertools import chain
 
-from django.db.models import Count, Max, Q, QuerySet, Sum
-from django.db.models.functions import TruncMinute
+from django.db.models import Q, QuerySet
 from django.utils import timezone
 
 from pipeline.insight.findings import CODES, SEVERITIES
 from pipeline.models import CompressionEvent, Conversation, LLMCall, Status, ToolCall
+from pipeline.rollups import sketch
+from pipeline.rollups.figures import COMPRESSION, MODEL, TOOL, Figures
+from pipeline.rollups.read import figures_by_name, per_minute
 
 # Columns that can hold a whole context window (megabytes per row with a real agent). Lists,
 # timelines and charts never show them: they are read only on the page of one record.
@@ -40,23 +44,17 @@ def tokens_per_minute(minutes: int = 60, now: datetime | None = None) -> dict[st
     zero-filled; a minute whose calls all lack a price has cost None (a gap, not $0)."""
     now = (now or timezone.now()).replace(second=0, microsecond=0)
     start = now - timedelta(minutes=minutes - 1)
-    rows = (
-        LLMCall.objects.filter(started_at__gte=start)
-        .annotate(minute=TruncMinute("started_at"))
-        .values("minute")
-        .annotate(input=Sum("input_tokens"), output=Sum("output_tokens"), cost=Sum("cost_usd"))
-        .order_by()
-    )
-    by_minute = {row["minute"]: row for row in rows}
+    by_minute = per_minute(MODEL, start)  # the minute rollups: kept for hours, so always there
     labels, inputs, outputs, costs = [], [], [], []
     for i in range(minutes):
         minute = start + timedelta(minutes=i)
-        row = by_minute.get(minute, {"input": 0, "output": 0, "cost": 0})
+        figures = by_minute.get(minute)
         labels.append(minute.strftime("%H:%M"))
-        inputs.append(row["input"] or 0)
-        outputs.append(row["output"] or 0)
+        inputs.append(figures.sum("input_tokens") if figures else 0)
+        outputs.append(figures.sum("output_tokens") if figures else 0)
         # a JSON number for the chart (Django's encoder would write a Decimal as a string)
-        costs.append(None if row["cost"] is None else float(row["cost"]))
+        priced = figures is None or figures.sum("priced")
+        costs.append(None if not priced else float(figures.sum("cost_usd")) if figures else 0)
     return {"labels": labels, "input": inputs, "output": outputs, "cost": costs}
 
 
@@ -74,28 +72,28 @@ class Totals:
     unpriced_calls: int
 
 
+def _all(figures: dict[str, Figures]) -> Figures:
+    total = Figures()
+    for f in figures.values():
+        total.add(f)
+    return total
+
+
 def totals(since: datetime | None) -> Totals:
-    llm = _since(LLMCall.objects.order_by(), "started_at", since).aggregate(
-        calls=Count("id"), input=Sum("input_tokens"), output=Sum("output_tokens"), cost=Sum("cost_usd"),
-        unpriced=Count("id", filter=Q(cost_usd__isnull=True)),
-    )
-    tools = _since(ToolCall.objects.order_by(), "started_at", since).aggregate(
-        calls=Count("id"), errors=Count("id", filter=Q(success=False))
-    )
-    compressions = _since(CompressionEvent.objects.order_by(), "occurred_at", since).aggregate(
-        count=Count("id"), before=Sum("tokens_before"), after=Sum("tokens_after")
-    )
+    llm = _all(figures_by_name(MODEL, since=since))
+    tools = _all(figures_by_name(TOOL, since=since))
+    compressions = _all(figures_by_name(COMPRESSION, since=since))
     return Totals(
         conversations=_since(Conversation.objects.order_by(), "last_activity_at", since).count(),
-        llm_calls=llm["calls"],
-        input_tokens=llm["input"] or 0,
-        output_tokens=llm["output"] or 0,
-        tool_calls=tools["calls"],
-        tool_errors=tools["errors"],
-        compressions=compressions["count"],
-        tokens_saved=(compressions["before"] or 0) - (compressions["after"] or 0),
-        cost_usd=llm["cost"],
-        unpriced_calls=llm["unpriced"],
+        llm_calls=llm.calls,
+        input_tokens=llm.sum("input_tokens"),
+        output_tokens=llm.sum("output_tokens"),
+        tool_calls=tools.calls,
+        tool_errors=tools.failures,
+        compressions=compressions.calls,
+        tokens_saved=compressions.sum("tokens_before") - compressions.sum("tokens_after"),
+        cost_usd=llm.sum("cost_usd") if llm.sum("priced") else None,
+        unpriced_calls=llm.calls - llm.sum("priced"),
     )
 
 
@@ -164,28 +162,28 @@ def recent_errors(limit: int = 8) -> list[ErrorRow]:
     return sorted(rows, key=lambda row: row.at, reverse=True)[:limit]
 
 
-def latency_histogram(calls: QuerySet[ToolCall]) -> dict[str, list]:
-    """Counts of tool calls per latency bucket (one grouped query)."""
-    bounds = (0, *LATENCY_BUCKETS_MS)
-    buckets = {
-        f"b{i}": Count("id", filter=Q(duration_ms__gte=low) & (Q(duration_ms__lt=high) if high else Q()))
-        for i, (low, high) in enumerate(zip(bounds, (*LATENCY_BUCKETS_MS, None)))
-    }
-    counts = calls.order_by().filter(duration_ms__isnull=False).aggregate(**buckets)
+def latency_histogram_of(figures: dict[str, Figures]) -> dict[str, list]:
+    """latency_histogram from rollup figures: each sketch bucket counted where its value falls, so a
+    call within 2 % of a bound may count on the other side of it."""
+    counts = [0] * (len(LATENCY_BUCKETS_MS) + 1)
+    for f in figures.values():
+        for key, n in f.latency.items():
+            value = sketch.value_of(key)
+            counts[next((i for i, high in enumerate(LATENCY_BUCKETS_MS) if value < high), len(LATENCY_BUCKETS_MS))] += n
     labels = [f"< {_ms(high)}" for high in LATENCY_BUCKETS_MS] + [f"≥ {_ms(LATENCY_BUCKETS_MS[-1])}"]
-    return {"labels": labels, "counts": [counts[f"b{i}"] for i in range(len(labels))]}
+    return {"labels": labels, "counts": counts}
+
+
+def errors_by_type_of(figures: dict[str, Figures], limit: int = 20) -> list[dict]:
+    """errors_by_type from rollup figures; last_seen from the latest such failure (an index walk each)."""
+    rows = sorted(((-n, name, error_type) for name, f in figures.items() for error_type, n in f.errors.items()))
+    out = []
+    for minus_count, name, error_type in rows[:limit]:
+        latest = (ToolCall.objects.filter(tool_name=name, success=False, error_type=error_type)
+                  .order_by("-started_at").values_list("started_at", flat=True).first())
+        out.append({"tool_name": name, "error_type": error_type, "count": -minus_count, "last_seen": latest})
+    return out
 
 
 def _ms(value: float) -> str:
     return f"{value / 1000:g} s" if value >= 1000 else f"{value:g} ms"
-
-
-def errors_by_type(calls: QuerySet[ToolCall], limit: int = 20) -> list[dict]:
-    """Failed calls grouped by tool and error type, most frequent first."""
-    return list(
-        calls.order_by()
-        .filter(success=False)
-        .values("tool_name", "error_type")
-        .annotate(count=Count("id"), last_seen=Max("started_at"))
-        .order_by("-count", "tool_name")[:limit]
-    )

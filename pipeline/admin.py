@@ -16,6 +16,7 @@ from pipeline.models import (
     CompressionEvent,
     Conversation,
     LLMCall,
+    Rollup,
     Round,
     SkillActivation,
     Span,
@@ -208,3 +209,22 @@ class ToolResultCarryAdmin(admin.ModelAdmin):
 
     def has_change_permission(self, request, obj=None) -> bool:
         return False
+
+
+@admin.register(Rollup)
+class RollupAdmin(admin.ModelAdmin):
+    """Per-bucket sums kept by ingest (pipeline.rollups): read-only here; `manage.py rebuild_rollups`
+    recomputes them from the rows."""
+
+    list_display = ("kind", "name", "grain", "bucket_start", "calls")
+    list_filter = ("kind", "grain")
+    search_fields = ("name",)
+
+    def has_add_permission(self, request) -> bool:
+        return False
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False
+
+    def has_delete_permission(self, request, obj=None) -> bool:
+        return False  # the figures would go wrong: prune and compact_rollups delete them

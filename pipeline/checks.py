@@ -24,6 +24,8 @@ def check_ctxlens_settings(app_configs: object = None, **kwargs: object) -> list
     positive("CTXLENS_ARTIFACT_MAX_TOTAL_BYTES", "pipeline.E003")
     positive("CTXLENS_MAX_INGEST_BYTES", "pipeline.E004")
     positive("CTXLENS_RETENTION_DAYS", "pipeline.E005")
+    positive("CTXLENS_ROLLUP_MINUTE_HOURS", "pipeline.E080")
+    positive("CTXLENS_ROLLUP_HOUR_DAYS", "pipeline.E081")
     if not 0 < settings.CTXLENS_COMPRESSION_THRESHOLD <= 1:
         errors.append(Error("CTXLENS_COMPRESSION_THRESHOLD must be in (0, 1].", id="pipeline.E006"))
     if not 0 < settings.CTXLENS_OVERSIZED_OBSERVATION_RATIO <= 1:

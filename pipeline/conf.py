@@ -56,6 +56,8 @@ class CtxlensConfig:
     metrics_export_timeout_ms: int
     model_factory: str
     prices_file: str  # CTXLENS_PRICES_FILE: YAML price overrides (pipeline.insight.pricing), "" for none
+    rollup_minute_hours: int  # CTXLENS_ROLLUP_MINUTE_HOURS: minute rollups kept this long (pipeline.rollups)
+    rollup_hour_days: int  # CTXLENS_ROLLUP_HOUR_DAYS: hour rollups kept this long
 
 
 @cache
@@ -95,6 +97,8 @@ def ctxlens_config() -> CtxlensConfig:
         metrics_export_timeout_ms=settings.CTXLENS_METRICS_EXPORT_TIMEOUT_MS,
         model_factory=settings.CTXLENS_MODEL_FACTORY,
         prices_file=settings.CTXLENS_PRICES_FILE,
+        rollup_minute_hours=settings.CTXLENS_ROLLUP_MINUTE_HOURS,
+        rollup_hour_days=settings.CTXLENS_ROLLUP_HOUR_DAYS,
     )
 
 

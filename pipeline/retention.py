@@ -27,6 +27,8 @@ from pipeline.artifacts.cleanup import delete_artifacts, delete_expired_artifact
 from pipeline.conf import ctxlens_config
 from pipeline.ingest.write import sql
 from pipeline.ingest.write.counters import recompute_counters
+from pipeline.rollups.compact import compact_rollups
+from pipeline.rollups import track as rollups
 from pipeline.models import (
     Artifact,
     CompressionEvent,
@@ -54,6 +56,7 @@ class PruneResult:
     other_rows: int = 0  # rounds, calls, compressions, skill activations, log records
     batches: int = 0
     counts: dict[str, int] = field(default_factory=dict)
+    rollups_compacted: int = 0  # minute and hour rollup rows past their age (pipeline.rollups.compact)
 
     def summary(self) -> str:
         verb = "would delete" if self.dry_run else "deleted"
@@ -77,6 +80,7 @@ def delete_in_batches(queryset: models.QuerySet, batch_size: int = BATCH_SIZE) -
             ids = list(queryset.order_by("pk").values_list("pk", flat=True)[:batch_size])
             if not ids:
                 return deleted, batches
+            rollups.deleting(model, ids)  # LLM and tool calls leave their rollups
             _, per_model = model.objects.filter(pk__in=ids).delete()
         deleted += per_model.get(model._meta.label, 0)
         batches += 1
@@ -164,6 +168,7 @@ def prune(
     deleted, batches = delete_in_batches(old_logs, batch_size)
     result.other_rows += deleted
     result.batches += batches
+    result.rollups_compacted = compact_rollups(now)
     return result
 
 

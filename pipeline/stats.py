@@ -8,10 +8,14 @@ each level, and `level_savings` says what switching them to a level would have s
 (observation tokens − tokens at the level) × the calls that carried them, priced at the tool's
 average context cost per token (None without a price). A negative saving is a cost.
 
-Percentiles are continuous (linear interpolation between the two nearest ranks, the
-definition of PostgreSQL's `percentile_cont` and of numpy's default): PostgreSQL computes
-them in the grouped query; on SQLite, which has no percentile function, the durations are
-fetched unsorted and sorted per tool in Python (the fastest of the ways measured).
+Windowed statistics (`window_tool_stats`: the dashboard pages and the read API without a
+conversation) come from the rollups (pipeline.rollups): exact sums and counts, and p50/p95/p99
+read from a DDSketch-style histogram, within 2 % of the duration at the percentile's rank.
+Statistics of any other set of calls (`tool_stats(queryset)`, e.g. one conversation's) read the
+calls: their percentiles are continuous (linear interpolation between the two nearest ranks, the
+definition of PostgreSQL's `percentile_cont` and of numpy's default): PostgreSQL computes them
+in the grouped query; on SQLite, which has no percentile function, the durations are fetched
+unsorted and sorted per tool in Python (the fastest of the ways measured).
 """
 
 from __future__ import annotations
@@ -30,8 +34,11 @@ from django.db.models.functions import Cast
 
 from pipeline.insight.levels import LEVELS
 from pipeline.models import ToolCall
+from pipeline.rollups import sketch
+from pipeline.rollups.figures import TOOL, Figures
+from pipeline.rollups.read import figures_by_name
 
-PERCENTILES = (0.5, 0.95)
+PERCENTILES = (0.5, 0.95, 0.99)
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +54,7 @@ class ToolStats:
     avg_duration_ms: float | None
     p50_duration_ms: float | None
     p95_duration_ms: float | None
+    p99_duration_ms: float | None
     avg_observation_tokens: float
     total_observation_tokens: int
     context_tokens: int = 0  # the results' tokens, summed over every LLM call that carried them
@@ -163,7 +171,7 @@ def tool_stats(calls: QuerySet[ToolCall] | None = None) -> list[ToolStats]:
     postgres = connections[calls.db].vendor == "postgresql"
     extra = {}
     if postgres:
-        extra = {f"p{int(p * 100)}": PercentileCont("duration_ms", p) for p in PERCENTILES}
+        extra = {f"p{round(p * 100)}": PercentileCont("duration_ms", p) for p in PERCENTILES}
     rows = calls.values("tool_name").annotate(
         calls=Count("id"),
         successes=Count("id", filter=Q(success=True)),
@@ -181,9 +189,9 @@ def tool_stats(calls: QuerySet[ToolCall] | None = None) -> list[ToolStats]:
     for row in rows:
         name = row["tool_name"]
         if postgres:
-            p50, p95 = row["p50"], row["p95"]
+            p50, p95, p99 = row["p50"], row["p95"], row["p99"]
         else:
-            p50, p95 = percentiles.get(name, (None, None))
+            p50, p95, p99 = percentiles.get(name, (None, None, None))
         result.append(
             ToolStats(
                 tool_name=name,
@@ -197,6 +205,7 @@ def tool_stats(calls: QuerySet[ToolCall] | None = None) -> list[ToolStats]:
                 avg_duration_ms=row["avg_duration_ms"],
                 p50_duration_ms=p50,
                 p95_duration_ms=p95,
+                p99_duration_ms=p99,
                 avg_observation_tokens=float(row["avg_observation_tokens"] or 0.0),
                 total_observation_tokens=row["total_observation_tokens"] or 0,
                 **_context_fields(row),
@@ -216,8 +225,8 @@ def interpolate(ordered: list[float], p: float) -> float | None:
     return ordered[lower] + (ordered[upper] - ordered[lower]) * (position - lower)
 
 
-def _percentiles_in_python(calls: QuerySet[ToolCall]) -> dict[str, tuple[float | None, float | None]]:
-    """p50 and p95 of duration_ms per tool: the durations, unsorted, sorted here.
+def _percentiles_in_python(calls: QuerySet[ToolCall]) -> dict[str, tuple[float | None, ...]]:
+    """p50, p95 and p99 of duration_ms per tool: the durations, unsorted, sorted here.
 
     Measured on SQLite with 100,000 tool calls (bench/tool_stats.py): fetching them unsorted and
     sorting in Python takes about a third of the time of ORDER BY in SQL or of ranking them with
@@ -227,8 +236,46 @@ def _percentiles_in_python(calls: QuerySet[ToolCall]) -> dict[str, tuple[float |
     rows = calls.order_by().filter(duration_ms__isnull=False).values_list("tool_name", "duration_ms")
     for name, duration in rows.iterator(chunk_size=10_000):
         durations[name].append(duration)
-    result: dict[str, tuple[float | None, float | None]] = {}
+    result: dict[str, tuple[float | None, ...]] = {}
     for name, values in durations.items():
         values.sort()
-        result[name] = (interpolate(values, PERCENTILES[0]), interpolate(values, PERCENTILES[1]))
+        result[name] = tuple(interpolate(values, p) for p in PERCENTILES)
     return result
+
+
+def window_tool_stats(
+    *, since: datetime | None = None, until: datetime | None = None, tool_name: str | None = None
+) -> list[ToolStats]:
+    """tool_stats of the calls started in [since, until), from the rollups (module docstring)."""
+    return stats_of(figures_by_name(TOOL, since=since, until=until, name=tool_name or None))
+
+
+def stats_of(figures: dict[str, Figures]) -> list[ToolStats]:
+    """ToolStats from rollup figures by tool name, most called first."""
+    result = [_from_figures(name, f) for name, f in figures.items()]
+    result.sort(key=lambda s: (-s.calls, s.tool_name))
+    return result
+
+
+def _from_figures(name: str, f: Figures) -> ToolStats:
+    calls, successes = f.calls, f.sum("successes")
+    n = f.sum("duration_n")
+    p50, p95, p99 = sketch.quantiles(f.latency, PERCENTILES)
+    priced = f.sum("context_priced")
+    row = {"calls": calls, "sum_context_tokens": f.sum("context_tokens"),
+           "sum_context_cost": f.sum("context_cost_usd") if priced else None,
+           "sum_context_carries": f.sum("context_carries"), "level_calls": f.sum("level_calls"),
+           "level_carried": f.sum("level_carried")}
+    for level in LEVELS:
+        row[f"at_{level}"] = f.sum(f"at_{level}")
+        row[f"carried_{level}"] = f.sum(f"carried_{level}")
+    return ToolStats(
+        tool_name=name, calls=calls, successes=successes, failures=calls - successes,
+        success_rate=successes / calls if calls else 0.0, retries=f.sum("retry_count"),
+        cache_hits=f.sum("cache_hits"), cache_hit_rate=f.sum("cache_hits") / calls if calls else 0.0,
+        avg_duration_ms=f.sum("duration_ms") / n if n else None,
+        p50_duration_ms=p50, p95_duration_ms=p95, p99_duration_ms=p99,
+        avg_observation_tokens=f.sum("observation_tokens") / calls if calls else 0.0,
+        total_observation_tokens=f.sum("observation_tokens"),
+        **_context_fields(row),
+    )

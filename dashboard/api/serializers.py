@@ -288,6 +288,10 @@ class LevelSavingsSerializer(serializers.Serializer):
     full = LevelSavingSerializer()
 
 
+PERCENTILE_BOUND = ("{}. Over a time window (no conversation given) read from the rollups: within 2 % of the duration at the percentile's rank (DDSketch-style histogram); with a conversation, exact "
+                    "(linear interpolation between the two nearest ranks).")
+
+
 class ToolStatsSerializer(serializers.Serializer):
     tool_name = serializers.CharField()
     calls = serializers.IntegerField()
@@ -298,8 +302,9 @@ class ToolStatsSerializer(serializers.Serializer):
     cache_hits = serializers.IntegerField(help_text="Calls answered from the tool-result cache (the tool did not run).")
     cache_hit_rate = serializers.FloatField(help_text="cache_hits / calls, from 0 to 1.")
     avg_duration_ms = serializers.FloatField(allow_null=True)
-    p50_duration_ms = serializers.FloatField(allow_null=True, help_text="Median, linear interpolation.")
-    p95_duration_ms = serializers.FloatField(allow_null=True, help_text="95th percentile, linear interpolation.")
+    p50_duration_ms = serializers.FloatField(allow_null=True, help_text=PERCENTILE_BOUND.format("Median"))
+    p95_duration_ms = serializers.FloatField(allow_null=True, help_text=PERCENTILE_BOUND.format("95th percentile"))
+    p99_duration_ms = serializers.FloatField(allow_null=True, help_text=PERCENTILE_BOUND.format("99th percentile"))
     avg_observation_tokens = serializers.FloatField()
     total_observation_tokens = serializers.IntegerField()
     context_tokens = serializers.IntegerField(

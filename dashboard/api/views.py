@@ -26,9 +26,9 @@ from pipeline.artifacts.store import ArtifactError, open_artifact
 from pipeline.drf_auth import BearerKeyAuthentication, ReadAccess
 from pipeline.insight.calls import call_diff
 from pipeline.insight.findings import conversation_findings
-from pipeline.insight.usage import llm_calls_in, model_usage
+from pipeline.insight.usage import llm_calls_in, model_usage, window_model_usage
 from pipeline.models import Artifact, CompressionEvent, Conversation, LLMCall, ToolCall
-from pipeline.stats import tool_calls_in, tool_stats
+from pipeline.stats import tool_calls_in, tool_stats, window_tool_stats
 
 MAX_ID = 2**63 - 1  # past a 64-bit integer no column holds an id (and SQLite refuses to compare it)
 ERROR = OpenApiResponse(description="JSON `{\"detail\": ...}`")
@@ -190,17 +190,22 @@ class ToolStatsView(ReadApi, APIView):
         responses={200: s.ToolStatsSerializer(many=True), 400: ERROR, **READ_ERRORS},
         summary="Per-tool statistics: calls, success rate, retries, cache hit rate, latency percentiles, observation "
                 "tokens, what the results cost the context, and what another output level would have saved",
+        description="Over a time window (no `conversation`) the figures come from rollups kept at ingest: counts, "
+                    "sums and averages are exact; p50/p95/p99 are within 2 % of the exact percentiles (a "
+                    "DDSketch-style histogram with log-spaced buckets). With `conversation` they are computed "
+                    "from that conversation's calls, percentiles exact.",
     )
     def get(self, request: Request) -> Response:
         params = query_params(request, s.ToolStatsQuery)
         since = params.get("since")
         if params.get("window") is not None:
             since = timezone.now() - params["window"]
-        calls = tool_calls_in(
-            since=since, until=params.get("until"), conversation_id=params.get("conversation"),
-            tool_name=params.get("tool"),
-        )
-        stats = [entry.as_dict() for entry in tool_stats(calls)]
+        if params.get("conversation") is None:  # a time window: from the rollups
+            found = window_tool_stats(since=since, until=params.get("until"), tool_name=params.get("tool"))
+        else:
+            found = tool_stats(tool_calls_in(since=since, until=params.get("until"),
+                                             conversation_id=params["conversation"], tool_name=params.get("tool")))
+        stats = [entry.as_dict() for entry in found]
         return Response(s.ToolStatsSerializer(stats, many=True).data)
 
 
@@ -209,17 +214,19 @@ class ModelStatsView(ReadApi, APIView):
         parameters=[s.ModelStatsQuery],
         responses={200: s.ModelStatsSerializer(many=True), 400: ERROR, **READ_ERRORS},
         summary="Per-model usage: LLM calls, tokens and cost in USD, the costliest model first",
+        description="Over a time window (no `conversation`) read from rollups kept at ingest; exact.",
     )
     def get(self, request: Request) -> Response:
         params = query_params(request, s.ModelStatsQuery)
         since = params.get("since")
         if params.get("window") is not None:
             since = timezone.now() - params["window"]
-        calls = llm_calls_in(
-            since=since, until=params.get("until"), conversation_id=params.get("conversation"),
-            model=params.get("model"),
-        )
-        return Response(s.ModelStatsSerializer([u.as_dict() for u in model_usage(calls)], many=True).data)
+        if params.get("conversation") is None:  # a time window: from the rollups
+            usage = window_model_usage(since=since, until=params.get("until"), model=params.get("model"))
+        else:
+            usage = model_usage(llm_calls_in(since=since, until=params.get("until"),
+                                             conversation_id=params["conversation"], model=params.get("model")))
+        return Response(s.ModelStatsSerializer([u.as_dict() for u in usage], many=True).data)
 
 
 @extend_schema_view(

@@ -9,8 +9,8 @@ from django.shortcuts import render
 from dashboard import queries
 from dashboard.views.common import fragments, fragments_response, page, window_context, window_param
 from pipeline.insight import finding_counts
-from pipeline.insight.usage import llm_calls_in, model_usage
-from pipeline.stats import tool_calls_in, tool_stats
+from pipeline.insight.usage import window_model_usage
+from pipeline.stats import window_tool_stats
 
 PARTIALS = {
     "overview-totals": "dashboard/partials/overview_totals.html",
@@ -30,11 +30,11 @@ def _context(request: HttpRequest) -> dict:
         **window_context(key),
         "totals": queries.totals(since),
         "active": queries.active_conversations(),
-        "tool_stats": tool_stats(tool_calls_in(since=since)),
+        "tool_stats": window_tool_stats(since=since),
         "tool_stats_id": "overview-tools",
         "compressions": queries.recent_compressions(),
         "errors": queries.recent_errors(),
-        "model_usage": model_usage(llm_calls_in(since=since)),
+        "model_usage": window_model_usage(since=since),
         "finding_codes": queries.finding_codes(since),
     }
 

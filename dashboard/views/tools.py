@@ -13,7 +13,9 @@ from django.shortcuts import render
 from dashboard import queries
 from dashboard.templatetags.ctxlens import tokens
 from dashboard.views.common import fragments, fragments_response, page, window_context, window_param
-from pipeline.stats import ToolStats, tool_calls_in, tool_stats
+from pipeline.rollups.figures import TOOL
+from pipeline.rollups.read import figures_by_name
+from pipeline.stats import ToolStats, stats_of, tool_calls_in, window_tool_stats
 
 PAGE_SIZE = 50
 PARTIALS = {
@@ -86,16 +88,17 @@ def context_ranking(stats: list[ToolStats]) -> list[ContextCost]:
 def _context(request: HttpRequest) -> dict:
     key, since = window_param(request)
     tool = request.GET.get("tool", "")[:255]
-    calls = tool_calls_in(since=since, tool_name=tool or None)
-    stats = tool_stats(tool_calls_in(since=since))
+    figures = figures_by_name(TOOL, since=since)  # from the rollups: pipeline.rollups
+    stats = stats_of(figures)
+    shown = {tool: figures[tool]} if tool and tool in figures else {} if tool else figures
     return {
         **window_context(key),
         "tool": tool,
         "tool_stats": stats,
         "context_ranking": context_ranking(stats),
         "tool_stats_id": "tools-stats",
-        "errors_by_type": queries.errors_by_type(calls),
-        "histogram": queries.latency_histogram(calls),
+        "errors_by_type": queries.errors_by_type_of(shown),
+        "histogram": queries.latency_histogram_of(shown),
     }
 
 
@@ -135,6 +138,6 @@ def tool_calls(request: HttpRequest) -> HttpResponse:
         "status": status,
         "page_obj": page_obj,
         "query": query.urlencode(),
-        "stats": next(iter(tool_stats(tool_calls_in(since=since, tool_name=tool))), None) if tool else None,
+        "stats": next(iter(window_tool_stats(since=since, tool_name=tool)), None) if tool else None,
     }
     return render(request, "dashboard/tool_calls.html", context)

@@ -15,6 +15,8 @@ from decimal import Decimal
 from django.db.models import Count, Q, QuerySet, Sum
 
 from pipeline.models import LLMCall
+from pipeline.rollups.figures import MODEL, Figures
+from pipeline.rollups.read import figures_by_name
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +55,30 @@ def llm_calls_in(
     return qs
 
 
+def window_model_usage(
+    *, since: datetime | None = None, until: datetime | None = None, model: str | None = None
+) -> list[ModelUsage]:
+    """model_usage of the LLM calls started in [since, until), from the rollups (pipeline.rollups):
+    exact, the same figures as the grouped query over the calls."""
+    found = figures_by_name(MODEL, since=since, until=until, name=model or None)
+    return _ordered([_from_figures(name, f) for name, f in found.items()])
+
+
+def _from_figures(name: str, f: Figures) -> ModelUsage:
+    priced = f.sum("priced")
+    return ModelUsage(
+        model=name, calls=f.calls, input_tokens=f.sum("input_tokens"), output_tokens=f.sum("output_tokens"),
+        cache_read_tokens=f.sum("cache_read_tokens"), cache_write_tokens=f.sum("cache_write_tokens"),
+        reasoning_tokens=f.sum("reasoning_tokens"), cost_usd=f.sum("cost_usd") if priced else None,
+        unpriced_calls=f.calls - priced,
+    )
+
+
+def _ordered(usage: list[ModelUsage]) -> list[ModelUsage]:
+    usage.sort(key=lambda u: (u.cost_usd is None, -(u.cost_usd or 0), -u.calls, u.model))
+    return usage
+
+
 def model_usage(calls: QuerySet[LLMCall] | None = None) -> list[ModelUsage]:
     """One ModelUsage per model in `calls` (all LLM calls by default): the costliest first, then
     the unpriced ones by calls."""
@@ -72,5 +98,4 @@ def model_usage(calls: QuerySet[LLMCall] | None = None) -> list[ModelUsage]:
         )
         for row in rows
     ]
-    usage.sort(key=lambda u: (u.cost_usd is None, -(u.cost_usd or 0), -u.calls, u.model))
-    return usage
+    return _ordered(usage)

@@ -76,7 +76,7 @@ def test_the_tool_stats_operation_lists_its_figures_and_filters(schema):
 
     assert {p["name"] for p in get["parameters"]} >= {"since", "until", "window", "conversation", "tool"}
     assert {"tool_name", "calls", "successes", "failures", "success_rate", "retries", "cache_hits", "cache_hit_rate", "avg_duration_ms",
-            "p50_duration_ms", "p95_duration_ms", "avg_observation_tokens", "total_observation_tokens",
+            "p50_duration_ms", "p95_duration_ms", "p99_duration_ms", "avg_observation_tokens", "total_observation_tokens",
             "context_tokens", "context_cost_usd", "avg_context_carries", "level_calls", "tokens_at_level",
             "level_savings"} == set(figures)
 
@@ -125,3 +125,11 @@ def test_an_llm_call_documents_its_diff(schema):
     assert set(components["DiffMessage"]["properties"]) == {"index", "role", "category", "tokens"}
     assert set(components["ChangedMessage"]["properties"]) == {
         "index", "role", "category", "tokens", "previous_index", "previous_tokens"}
+
+
+def test_the_tool_stats_operation_states_the_percentiles_bound(schema):
+    get = schema["paths"]["/api/tools/stats/"]["get"]
+    figures = schema["components"]["schemas"]["ToolStats"]["properties"]
+
+    assert "within 2 %" in get["description"]
+    assert all("within 2 %" in figures[f"p{p}_duration_ms"]["description"] for p in (50, 95, 99))

@@ -20,9 +20,11 @@ from pipeline.ingest.write.linking import RoundRows, link_compressions, save_req
 from pipeline.ingest.normalise.span import NormalisedSpan
 from pipeline.ingest.write.sanitise import clamp_integers
 from pipeline.insight.costs import price_llm_call
+from pipeline.rollups import track as rollups
 from pipeline.models import CompressionEvent, Conversation, LLMCall, Round, SkillActivation, Span, ToolCall
 
 ROW_MODELS = (Span, LLMCall, ToolCall, CompressionEvent, SkillActivation)
+ROLLED_UP = (LLMCall, ToolCall, CompressionEvent)  # rows with rollups (pipeline.rollups)
 
 
 def jsonable(value: Any) -> Any:
@@ -118,6 +120,7 @@ def insert_rows(spans: list[NormalisedSpan], rows: dict[str, list], links: Round
     links.number_steps()
     sql.insert_values(Span, SPAN_COLUMNS, rows["span"])
     sql.insert_rows(LLMCall, rows["llm"])
+    rollups.inserted(LLMCall, rows["llm"])
     sql.fetch_ids(LLMCall, rows["llm"])
     save_requests(rows["llm"])
     links.link_tools()
@@ -125,10 +128,12 @@ def insert_rows(spans: list[NormalisedSpan], rows: dict[str, list], links: Round
         refs = {(s.record.trace_id, s.record.span_id): s.tool["artifact_ref"] for s in spans if s.tool}
         store_observation_artifacts(rows["tool"], refs)
         sql.insert_rows(ToolCall, rows["tool"])
+        rollups.inserted(ToolCall, rows["tool"])
         sql.fetch_ids(ToolCall, rows["tool"])
     if rows["compression"] or (stored_rounds and rows["llm"]):
         link_compressions(rows["compression"], links, stored_rounds)
     CompressionEvent.objects.bulk_create(clamp_integers(rows["compression"]))
+    rollups.inserted(CompressionEvent, rows["compression"])
     SkillActivation.objects.bulk_create(clamp_integers(rows["skill"]))
     links.save_changes()
 
@@ -137,4 +142,6 @@ def delete_span_rows(keys: Iterable[tuple[str, str]]) -> None:
     """Remove the rows of spans that are about to be replaced by their finished versions."""
     for trace_id, span_id in keys:
         for model in ROW_MODELS:
-            model.objects.filter(trace_id=trace_id, span_id=span_id).delete()
+            rows = model.objects.filter(trace_id=trace_id, span_id=span_id)
+            rollups.deleting(model, list(rows.values_list("pk", flat=True)) if model in ROLLED_UP else [])
+            rows.delete()

@@ -24,6 +24,7 @@ from django.db.models import DateTimeField, JSONField, Model
 from django.utils.dateparse import parse_datetime
 
 from pipeline.ingest.write.sanitise import integer_clamp
+from pipeline.rollups import track as rollups
 
 ZERO = timedelta(0)
 
@@ -219,7 +220,7 @@ def update_rows(model: type[Model], rows: Iterable[Model], names: Sequence[str])
         + [row.pk]
         for row in rows
     ]
-    with connection.cursor() as cursor:
+    with rollups.updating(model, rows, names), connection.cursor() as cursor:
         cursor.executemany(query, params)
     return len(rows)
 

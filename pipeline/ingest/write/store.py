@@ -45,6 +45,7 @@ from pipeline.ingest.write.sanitise import INT64_MAX, clean_log, clean_record
 from pipeline.ingest.write.sql import update_rows
 from pipeline.ingest.write.conversations import resolve_conversations, resolve_rounds
 from pipeline.insight.finding_counts import mark_stale
+from pipeline.rollups import track as rollups
 from pipeline.models import Round, Span
 from pipeline.signals import IngestChanges, empty_changes, ingest_committed
 
@@ -128,7 +129,7 @@ def store_prepared(batch: PreparedBatch, *, source: str = "otlp", logs: Sequence
         return result
     for attempt in range(ATTEMPTS):
         try:
-            with transaction.atomic():
+            with transaction.atomic(), rollups.batched():  # the rollups' changes, written once at the end
                 changes, accepted, duplicates, pending = _store(spans, source, [clean_log(log) for log in logs or ()])
                 transaction.on_commit(lambda: _committed(changes, pending))
             break

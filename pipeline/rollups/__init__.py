@@ -1,0 +1,9 @@
+"""Rollups maintained at ingest: per time bucket and per tool, model and compression strategy
+(pipeline.models.Rollup).
+
+    track     the hooks that keep them in step with every write of an LLM or tool call
+    figures   what one call contributes; Figures, the sums that add and subtract
+    sketch    the DDSketch-style latency histogram (p50 / p95 / p99 within 2 %)
+    read      windowed figures: rollups inside the window, raw calls at its edges
+    compact   ageing minute and hour rows out; rebuilding from the calls
+"""

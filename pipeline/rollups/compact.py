@@ -1,0 +1,54 @@
+"""Rollups as they age, and from scratch.
+
+`compact_rollups` deletes minute rows older than CTXLENS_ROLLUP_MINUTE_HOURS and hour rows older
+than CTXLENS_ROLLUP_HOUR_DAYS: every call also counts in its hour and day rows, so nothing is
+lost, only the finest grains of old data (windows whose edge falls there read raw calls for the
+rest of that hour or day). `rebuild_rollups` recomputes every row from the stored calls.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from django.db import transaction
+from django.utils import timezone
+
+from pipeline.conf import ctxlens_config
+from pipeline.models import Rollup
+from pipeline.rollups.figures import COLUMNS, MODEL_OF
+from pipeline.rollups.track import Deltas, floor, write_deltas
+
+CHUNK = 20_000
+
+
+def kept_since(now: datetime | None = None) -> dict[str, datetime | None]:
+    """By grain, from when its rows are complete (None: always). Compaction deletes older ones."""
+    config, now = ctxlens_config(), now or timezone.now()
+    return {
+        "m": floor(now - timedelta(hours=config.rollup_minute_hours), "h"),
+        "h": floor(now - timedelta(days=config.rollup_hour_days), "d"),
+        "d": None,
+    }
+
+
+def compact_rollups(now: datetime | None = None) -> int:
+    """Delete the minute and hour rows past their age; how many were deleted."""
+    deleted = 0
+    for grain, since in kept_since(now).items():
+        if since is not None:
+            deleted += Rollup.objects.filter(grain=grain, bucket_start__lt=since).delete()[0]
+    return deleted
+
+
+def rebuild_rollups(now: datetime | None = None) -> int:
+    """Recompute every rollup from the stored calls, in one transaction; the rows written."""
+    with transaction.atomic():
+        Rollup.objects.all().delete()
+        deltas = Deltas()
+        for kind, model in MODEL_OF.items():
+            rows = model.objects.order_by().values(*COLUMNS[kind]).iterator(chunk_size=CHUNK)
+            deltas.add(kind, rows)
+        since = kept_since(now)
+        rows = {k: v for k, v in deltas.expanded().items() if since[k[1]] is None or k[2] >= since[k[1]]}
+        write_deltas(rows)
+    return len(rows)

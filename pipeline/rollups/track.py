@@ -1,0 +1,210 @@
+"""Keep the rollups in step with the call rows, in the transaction that writes them.
+
+Three hooks, one per kind of write, called where the rows are written:
+
+    inserted(ToolCall, rows)                    # pipeline.ingest.write.rows.insert_rows
+    with updating(ToolCall, rows, names): ...   # pipeline.ingest.write.sql.update_rows
+    deleting(ToolCall, ids)                     # replaced spans, retention.prune, a conversation deleted
+
+and the ORM's signals for calls saved through it (the admin, scripts, test fixtures).
+
+Only rows actually written count, so a re-sent span (stored nowhere) changes nothing; an update
+takes the row's old contribution out and puts the new one in; a delete takes it out.
+
+Inside `with batched():` (the ingest transaction: pipeline.ingest.write.store) the changes are
+gathered and written once at the end of the block, still inside the transaction; elsewhere each
+hook writes its own.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import defaultdict
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db import connection
+from django.db.models import Model
+
+from pipeline.models import Rollup
+from pipeline.rollups.figures import COLUMNS, KIND_OF, Figures, contribution, values_of
+
+GRAINS = {"m": timedelta(minutes=1), "h": timedelta(hours=1), "d": timedelta(days=1)}
+Key = tuple[str, str, datetime, str]  # kind, grain, bucket_start, name
+CHUNK = 500
+
+
+def floor(moment: datetime, grain: str) -> datetime:
+    """The start of the `grain` bucket holding `moment` (UTC)."""
+    moment = moment.replace(second=0, microsecond=0)
+    if grain != "m":
+        moment = moment.replace(minute=0)
+    if grain == "d":
+        moment = moment.replace(hour=0)
+    return moment
+
+
+class Deltas:
+    """Changes to rollup rows, gathered and then written in one go."""
+
+    def __init__(self) -> None:
+        self.by_key: dict[Key, Figures] = defaultdict(Figures)
+
+    def add(self, kind: str, rows: Iterable[dict[str, Any]], sign: int = 1) -> None:
+        """Gathered by minute; `expanded` adds each minute to its hour and day."""
+        for row in rows:
+            name, started, figures = contribution(kind, row)
+            self.by_key[(kind, "m", floor(started, "m"), name)].add(figures, sign)
+
+    def expanded(self) -> dict[Key, Figures]:
+        out: dict[Key, Figures] = defaultdict(Figures)
+        for (kind, _, minute, name), figures in self.by_key.items():
+            out[(kind, "m", minute, name)].add(figures)
+            out[(kind, "h", floor(minute, "h"), name)].add(figures)
+            out[(kind, "d", floor(minute, "d"), name)].add(figures)
+        return out
+
+    def write(self) -> None:
+        """Write now, unless these are the open batch's deltas (written at the end of the batch)."""
+        if self is not _open.deltas:
+            write_deltas(self.expanded())
+
+
+def _deltas() -> Deltas:
+    """The open batch's deltas, or new ones to write at once."""
+    return _open.deltas if _open.deltas is not None else Deltas()
+
+
+class _Open(threading.local):
+    deltas: Deltas | None = None
+
+
+_open = _Open()
+
+
+@contextmanager
+def batched() -> Iterator[None]:
+    """Gather the hooks' changes and write them once, at the end of the block (not on an error)."""
+    if _open.deltas is not None:  # nested: the outer block writes
+        yield
+        return
+    _open.deltas = Deltas()
+    try:
+        yield
+        deltas, _open.deltas = _open.deltas, None
+        write_deltas(deltas.expanded())
+    finally:
+        _open.deltas = None
+
+
+def write_deltas(by_key: dict[Key, Figures]) -> None:
+    """Add each delta to its rollup row: create it, update it, or delete it when no call is left."""
+    changed = {k: d for k, d in by_key.items() if d.calls or d.sums or d.errors or d.latency}
+    if not changed:
+        return
+    # One query for every row the changes touch (a superset: the combinations of their kinds,
+    # names and starts), FOR UPDATE on PostgreSQL so that two batches adding to a bucket take turns.
+    existing: dict[Key, tuple] = {}
+    kinds = sorted({k[0] for k in changed})
+    names = sorted({k[3] for k in changed})
+    starts = sorted({k[2] for k in changed})
+    for i in range(0, len(starts), CHUNK):
+        rows = (Rollup.objects.select_for_update().order_by("pk")
+                .filter(kind__in=kinds, grain__in=sorted(GRAINS), bucket_start__in=starts[i:i + CHUNK],
+                        name__in=names)  # every column of the unique index: a lookup per combination, no scan
+                .values_list("kind", "grain", "bucket_start", "name", "pk", "calls", "sums", "errors", "latency"))
+        for kind, grain, start, name, *stored in rows:
+            if (kind, grain, start, name) in changed:
+                existing[(kind, grain, start, name)] = stored
+    new, updated, emptied = [], [], []
+    for key in sorted(changed):
+        row = existing.get(key)
+        figures = Figures() if row is None else Figures.from_stored(*row[1:])
+        figures.add(changed[key])
+        if figures.calls <= 0:
+            if row is not None:
+                emptied.append(row[0])
+            continue
+        stored = figures.stored()
+        if row is None:
+            kind, grain, start, name = key
+            new.append(Rollup(kind=kind, grain=grain, bucket_start=start, name=name, **stored))
+        else:
+            json = connection.ops.adapt_json_value  # what JSONField writes, on either engine
+            updated.append((stored["calls"], json(stored["sums"], None), json(stored["errors"], None),
+                            json(stored["latency"], None), row[0]))
+    if emptied:
+        Rollup.objects.filter(pk__in=emptied).delete()
+    if updated:  # one executemany: bulk_update's CASE WHEN costs more than the rest of this put together
+        query = (f"UPDATE {Rollup._meta.db_table} SET calls = %s, sums = %s, errors = %s, latency = %s "
+                 f"WHERE id = %s")
+        with connection.cursor() as cursor:
+            cursor.executemany(query, updated)
+    if new:
+        Rollup.objects.bulk_create(new, batch_size=CHUNK)
+
+
+def _stored_values_by_id(model: type[Model], ids: Sequence[int]) -> dict[int, dict[str, Any]]:
+    kind = KIND_OF[model]
+    out: dict[int, dict[str, Any]] = {}
+    for i in range(0, len(ids), CHUNK):
+        for row in model.objects.order_by().filter(pk__in=ids[i:i + CHUNK]).values("pk", *COLUMNS[kind]):
+            out[row.pop("pk")] = row
+    return out
+
+
+def inserted(model: type[Model], rows: Sequence[Model]) -> None:
+    """Count rows just inserted (their instances hold what was written)."""
+    if model in KIND_OF and rows:
+        kind = KIND_OF[model]
+        deltas = _deltas()
+        deltas.add(kind, (values_of(kind, row) for row in rows))
+        deltas.write()
+
+
+def deleting(model: type[Model], ids: Sequence[int]) -> None:
+    """Take out rows about to be deleted (call before the delete, in its transaction)."""
+    if model in KIND_OF and ids:
+        deltas = _deltas()
+        deltas.add(KIND_OF[model], _stored_values_by_id(model, list(ids)).values(), sign=-1)
+        deltas.write()
+
+
+@contextmanager
+def updating(model: type[Model], rows: Sequence[Model], names: Sequence[str]) -> Iterator[None]:
+    """Around an UPDATE of `names` on `rows`: take their old contribution out and put the new one in."""
+    kind = KIND_OF.get(model)
+    tracked = kind is not None and rows and any(name in COLUMNS[kind] for name in names)
+    if not tracked:
+        yield
+        return
+    ids = [row.pk for row in rows]
+    old = _stored_values_by_id(model, ids)
+    yield
+    # the new values: the stored ones with the columns just written taken from the instances
+    written = [name for name in COLUMNS[kind] if name in names]
+    new = [{**old[row.pk], **{name: getattr(row, name) for name in written}} for row in rows if row.pk in old]
+    deltas = _deltas()
+    deltas.add(kind, old.values(), sign=-1)
+    deltas.add(kind, new)
+    deltas.write()
+
+
+def on_conversation_delete(sender: type[Model], instance: Model, **kwargs: Any) -> None:
+    """A conversation deleted (the admin; prune's last step): its rows leave with the cascade."""
+    for model in KIND_OF:
+        deleting(model, list(model.objects.filter(conversation_id=instance.pk).values_list("pk", flat=True)))
+
+
+def on_pre_save(sender: type[Model], instance: Model, raw: bool = False, **kwargs: Any) -> None:
+    """A call saved through the ORM (the admin, scripts, fixtures): take its stored version out."""
+    if not raw and instance.pk is not None and not instance._state.adding:
+        deleting(sender, [instance.pk])
+
+
+def on_post_save(sender: type[Model], instance: Model, raw: bool = False, **kwargs: Any) -> None:
+    """...and put the saved version in. Ingest writes with SQL (the hooks above), not through here."""
+    if not raw:
+        inserted(sender, [instance])

@@ -1,0 +1,74 @@
+"""compact_rollups and rebuild_rollups as cron runs them, and their settings' checks."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from io import StringIO
+
+import pytest
+import time_machine
+from django.core.management import call_command
+from django.core.management.base import SystemCheckError
+
+from pipeline.models import Rollup, ToolCall
+from tests.factories import make_conversation
+
+pytestmark = pytest.mark.django_db
+NOW = datetime(2026, 3, 10, 12, 0, tzinfo=UTC)
+
+
+def tool_call(conversation, at: datetime, n: int) -> ToolCall:
+    return ToolCall.objects.create(conversation=conversation, tool_name="search", trace_id=f"{n:032x}",
+                                   span_id=f"{n:016x}", started_at=at, duration_ms=12.0)
+
+
+def grains() -> dict[str, int]:
+    return {g: Rollup.objects.filter(grain=g).count() for g in "mhd"}
+
+
+def test_compacting_drops_old_minutes_and_hours_and_keeps_the_days(settings):
+    settings.CTXLENS_ROLLUP_MINUTE_HOURS, settings.CTXLENS_ROLLUP_HOUR_DAYS = 2, 3
+    conversation = make_conversation()
+    for n, ago in enumerate((timedelta(minutes=5), timedelta(hours=5), timedelta(days=10)), start=1):
+        tool_call(conversation, NOW - ago, n)
+    assert grains() == {"m": 3, "h": 3, "d": 2}  # two of them on the same day
+    out = StringIO()
+
+    with time_machine.travel(NOW, tick=False):
+        call_command("compact_rollups", stdout=out)
+
+    assert grains() == {"m": 1, "h": 2, "d": 2}
+    assert out.getvalue().startswith("compact_rollups: deleted 3 rollup rows")
+    assert sum(Rollup.objects.filter(grain="d").values_list("calls", flat=True)) == 3
+
+
+def test_rebuilding_restores_rollups_lost_to_a_manual_delete():
+    conversation = make_conversation()
+    with time_machine.travel(NOW, tick=False):
+        tool_call(conversation, NOW - timedelta(minutes=1), 1)
+        before = sorted(Rollup.objects.values_list("grain", "bucket_start", "calls", "latency"))
+        Rollup.objects.all().delete()
+        out = StringIO()
+        call_command("rebuild_rollups", stdout=out)
+
+    assert sorted(Rollup.objects.values_list("grain", "bucket_start", "calls", "latency")) == before
+    assert out.getvalue().strip() == "rebuild_rollups: wrote 3 rollup rows"
+
+
+@pytest.mark.parametrize(("name", "check_id"), [("CTXLENS_ROLLUP_MINUTE_HOURS", "pipeline.E080"),
+                                                ("CTXLENS_ROLLUP_HOUR_DAYS", "pipeline.E081")])
+def test_a_rollup_age_must_be_positive(settings, name, check_id):
+    setattr(settings, name, 0)
+    with pytest.raises(SystemCheckError, match=check_id):
+        call_command("check")
+
+
+def test_a_conversation_deleted_in_the_admin_takes_its_calls_out_of_the_rollups():
+    kept, deleted = make_conversation("kept"), make_conversation("deleted")
+    tool_call(kept, NOW, 1)
+    tool_call(deleted, NOW, 2)
+    tool_call(deleted, NOW, 3)
+
+    deleted.delete()  # what the admin's delete action does: the calls go with the cascade
+
+    assert set(Rollup.objects.values_list("grain", "calls")) == {("m", 1), ("h", 1), ("d", 1)}
