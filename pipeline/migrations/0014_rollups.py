@@ -14,7 +14,7 @@ def rebuild(apps, schema_editor):
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('pipeline', '0011_tool_context'),
+        ('pipeline', '0013_tool_requests'),
     ]
 
     operations = [
