@@ -22,6 +22,7 @@ from pipeline.models import (
     Span,
     SpanLog,
     ToolCall,
+    ToolRequest,
     ToolResultCarry,
 )
 
@@ -203,6 +204,22 @@ class ToolResultCarryAdmin(admin.ModelAdmin):
     list_display = ("tool_call_id", "trace_id", "span_id", "started_at", "tokens", "cost_usd")
     search_fields = ("tool_call_id", "trace_id", "span_id")
     raw_id_fields = ("conversation",)
+
+    def has_add_permission(self, request) -> bool:
+        return False
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False
+
+
+@admin.register(ToolRequest)
+class ToolRequestAdmin(admin.ModelAdmin):
+    """Which LLM call asked for which tool call (pipeline.ingest.write.linking): kept by ingest
+    with each call, read-only here."""
+
+    list_display = ("tool_call_id", "name", "llm_call", "round")
+    search_fields = ("tool_call_id", "name")
+    raw_id_fields = ("llm_call", "round")
 
     def has_add_permission(self, request) -> bool:
         return False
