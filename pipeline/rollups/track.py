@@ -25,7 +25,7 @@ from contextlib import contextmanager
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import connection
+from django.db import connection, transaction
 from django.db.models import Model
 
 from pipeline.models import Rollup
@@ -104,6 +104,13 @@ def write_deltas(by_key: dict[Key, Figures]) -> None:
     changed = {k: d for k, d in by_key.items() if d.calls or d.sums or d.errors or d.latency}
     if not changed:
         return
+    # Ingest calls this inside its transaction; an ORM save outside one (admin, scripts) gets its
+    # own here, which SELECT … FOR UPDATE needs on PostgreSQL.
+    with transaction.atomic(savepoint=False):
+        _write_changed(changed)
+
+
+def _write_changed(changed: dict[Key, Figures]) -> None:
     # One query for every row the changes touch (a superset: the combinations of their kinds,
     # names and starts), FOR UPDATE on PostgreSQL so that two batches adding to a bucket take turns.
     existing: dict[Key, tuple] = {}
