@@ -36,8 +36,8 @@ from pipeline.ingest.normalise.values import to_text
 from pipeline.models import CompressionEvent, LLMCall, Round, ToolCall, ToolRequest, ToolResultCarry
 
 LLM_FIELDS = ("id", "round_id", "trace_id", "span_id", "started_at", "ended_at", "step", "output_messages")
-TOOL_FIELDS = ("id", "round_id", "trace_id", "span_id", "started_at", "tool_name", "tool_call_id", "llm_call_id",
-               "arguments", "observation", "tokens_pending")
+TOOL_FIELDS = ("id", "conversation_id", "round_id", "trace_id", "span_id", "started_at", "tool_name", "tool_call_id",
+               "llm_call_id", "arguments", "observation", "tokens_pending")
 TOOL_LINK_FIELDS = ["llm_call", "tool_call_id", "arguments", "observation", "tokens_pending"]
 ID_LENGTH = ToolCall._meta.get_field("tool_call_id").max_length
 REQUEST_COLUMNS = ("llm_call_id", "round_id", "tool_call_id", "name")
@@ -296,7 +296,7 @@ def _recover_observations(
     """Take a tool's observation from an LLM call's input (the tool message with its id)."""
     responses: dict[str, Any] = {}
     if whole_round is not None:  # only part of the round is loaded: read the calls that answer these tools
-        calls = _answering_inputs(calls, tools)
+        calls = _answering_inputs(calls, tools, whole_round)
         loaded = []
     stored = [c.pk for c in calls if "input_messages" not in c.get_deferred_fields() and c.input_messages]
     for call in calls:
@@ -316,9 +316,13 @@ def _recover_observations(
                 changed.append(tool)
 
 
-def _answering_inputs(calls: list[LLMCall], tools: list[ToolCall]) -> list[LLMCall]:
-    """The calls (new ones in `calls`, stored ones found in the ledger of carried results,
-    pipeline.models.ToolResultCarry) whose input answers one of `tools`, in start order."""
+def _answering_inputs(calls: list[LLMCall], tools: list[ToolCall], round_id: int) -> list[LLMCall]:
+    """The calls of round `round_id` (new ones in `calls`, stored ones found in the ledger of carried
+    results, pipeline.models.ToolResultCarry) whose input answers one of `tools`, in start order.
+
+    The ledger is kept by conversation: a later turn's copy of the result (cut short, say) or a
+    reused id (call_0 in every turn) is carried by calls of other rounds, which are left out, as
+    they are when the round is read whole."""
     new = [c for c in calls if "input_messages" not in c.get_deferred_fields()]
     keys = {(t.conversation_id, t.tool_call_id) for t in tools}
     carriers: set[tuple[str, str]] = set()
@@ -327,7 +331,8 @@ def _answering_inputs(calls: list[LLMCall], tools: list[ToolCall]) -> list[LLMCa
             conversation_id__in={k[0] for k in chunk}, tool_call_id__in={k[1] for k in chunk}
         ).values_list("trace_id", "span_id"))
     carriers -= {(c.trace_id, c.span_id) for c in new}
-    ids = [pk for _, _, pk in sql.by_spans(LLMCall, ["id"], carriers)]
+    ids = [pk for _, _, pk, carrier_round in sql.by_spans(LLMCall, ["id", "round_id"], carriers)
+           if carrier_round == round_id]
     stored: list[LLMCall] = []
     for chunk in sql.chunked(ids, 500):
         stored += LLMCall.objects.filter(pk__in=chunk).only("id", "span_id", "started_at", "input_messages")

@@ -1,0 +1,68 @@
+"""A round read in part (pipeline.ingest.write.linking.RoundRows.around) links as if read whole:
+findings of the review of the batch-linear ingest, each stored through store_spans in the batches
+that showed it."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+from pipeline.ingest.records import SpanRecord
+from pipeline.ingest.write.store import store_spans
+from pipeline.models import LLMCall, ToolCall
+
+pytestmark = pytest.mark.django_db
+
+T0 = 1_763_900_000_000_000_000
+MS = 1_000_000
+ROUND_1 = "5cf92f3577b34da6a3ce929d0e0e4701"
+ROUND_2 = "5cf92f3577b34da6a3ce929d0e0e4702"
+
+
+def _chat(trace: str, number: int, start: int, history: list[dict], output: dict) -> SpanRecord:
+    return SpanRecord(trace, f"{number:016x}", "chat gpt-4o", T0 + start * MS, T0 + (start + 40) * MS, attributes={
+        "gen_ai.operation.name": "chat", "gen_ai.request.model": "gpt-4o", "gen_ai.conversation.id": "conv-review",
+        "gen_ai.input.messages": json.dumps(history), "gen_ai.output.messages": json.dumps([output]),
+    })
+
+
+def _result(call_id: str, text: str) -> dict:
+    return {"role": "tool", "parts": [{"type": "tool_call_response", "id": call_id, "response": text}]}
+
+
+ASK = {"role": "user", "parts": [{"type": "text", "content": "Look it up"}]}
+ASKS_A = {"role": "assistant", "parts": [{"type": "tool_call", "id": "call_A", "name": "lookup", "arguments": {}}]}
+DONE = {"role": "assistant", "parts": [{"type": "text", "content": "Done."}]}
+
+
+def test_a_tool_takes_its_result_from_its_own_round_not_a_later_turns_copy():
+    l1 = _chat(ROUND_1, 1, 0, [ASK], ASKS_A)
+    l2 = _chat(ROUND_1, 2, 100, [ASK, _result("call_A", "FULL RESULT")], DONE)
+    # the next turn carries the same call, its result cut short by the agent's history trimming
+    l3 = _chat(ROUND_2, 3, 5_000, [ASK, _result("call_A", "[truncated]"), ASK], DONE)
+    tool = SpanRecord(ROUND_1, f"{4:016x}", "execute_tool lookup", T0 + 50 * MS, T0 + 90 * MS, attributes={
+        "gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "lookup", "gen_ai.tool.call.id": "call_A",
+        "gen_ai.conversation.id": "conv-review",
+    })
+    for batch in ([l1, l2], [l3], [tool]):
+        store_spans(batch)
+    stored = ToolCall.objects.get()
+    assert (stored.observation, stored.llm_call_id) == ("FULL RESULT", LLMCall.objects.get(span_id=l1.span_id).pk)
+
+
+def test_linking_reads_no_tool_row_one_by_one():
+    """The tools a batch relinks are read with every column linking uses: none is fetched again
+    alone (a deferred field costs a SELECT per row)."""
+    store_spans([_chat(ROUND_1, 1, 0, [ASK], ASKS_A)])
+    tool = SpanRecord(ROUND_1, f"{4:016x}", "execute_tool lookup", T0 + 50 * MS, T0 + 90 * MS, attributes={
+        "gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "lookup", "gen_ai.conversation.id": "conv-review",
+    })
+    store_spans([tool])  # stored before the call that answers it: its result is found later
+    with CaptureQueriesContext(connection) as queries:
+        store_spans([_chat(ROUND_1, 2, 100, [ASK, _result("call_A", "FULL RESULT")], DONE)])
+    assert ToolCall.objects.get().observation == "FULL RESULT"
+    one_by_one = [q["sql"] for q in queries if "pipeline_toolcall" in q["sql"] and "LIMIT 21" in q["sql"]]
+    assert one_by_one == []
