@@ -12,7 +12,7 @@ from django.test.utils import CaptureQueriesContext
 
 from pipeline.ingest.records import SpanRecord
 from pipeline.ingest.write.store import store_spans
-from pipeline.models import LLMCall, ToolCall
+from pipeline.models import Conversation, LLMCall, Round, ToolCall
 
 pytestmark = pytest.mark.django_db
 
@@ -66,3 +66,26 @@ def test_linking_reads_no_tool_row_one_by_one():
     assert ToolCall.objects.get().observation == "FULL RESULT"
     one_by_one = [q["sql"] for q in queries if "pipeline_toolcall" in q["sql"] and "LIMIT 21" in q["sql"]]
     assert one_by_one == []
+
+
+def _turn_call(trace: str, number: int, start: int, turn: str, conversation: str = "") -> SpanRecord:
+    record = _chat(trace, number, start, [ASK], DONE)
+    record.attributes["ctxlens.round.id"] = turn
+    if conversation:
+        record.attributes["gen_ai.conversation.id"] = conversation
+    else:
+        del record.attributes["gen_ai.conversation.id"]
+    return record
+
+
+def test_a_turn_a_placeholder_was_folded_into_is_numbered_and_counted_again():
+    """Trace 2 starts without naming its conversation (a placeholder holds it); a later span of
+    it names the conversation from another turn, so the batch that folds trace 2's turn-1 calls
+    into the conversation's turn-1 does not itself touch turn-1."""
+    store_spans([_turn_call(ROUND_1, 1, 0, "turn-1", "conv-fold")])
+    store_spans([_turn_call(ROUND_2, 2, 100, "turn-1"), _turn_call(ROUND_2, 3, 200, "turn-1")])
+    store_spans([_turn_call(ROUND_2, 4, 5_000, "turn-2", "conv-fold")])
+    turn = Round.objects.get(key="turn-1")
+    assert Conversation.objects.get().external_id == "conv-fold"
+    assert sorted(turn.llm_calls.values_list("span_id", "step")) == [(f"{n:016x}", n - 1) for n in (1, 2, 3)]
+    assert (turn.llm_call_count, turn.conversation.llm_call_count) == (3, 4)
