@@ -12,7 +12,7 @@ from django.test.utils import CaptureQueriesContext
 
 from pipeline.ingest.records import SpanRecord
 from pipeline.ingest.write.store import store_spans
-from pipeline.models import Conversation, LLMCall, Round, ToolCall
+from pipeline.models import Conversation, LLMCall, Round, Span, ToolCall
 
 pytestmark = pytest.mark.django_db
 
@@ -89,3 +89,15 @@ def test_a_turn_a_placeholder_was_folded_into_is_numbered_and_counted_again():
     assert Conversation.objects.get().external_id == "conv-fold"
     assert sorted(turn.llm_calls.values_list("span_id", "step")) == [(f"{n:016x}", n - 1) for n in (1, 2, 3)]
     assert (turn.llm_call_count, turn.conversation.llm_call_count) == (3, 4)
+
+
+def test_a_trace_goes_to_its_conversation_though_one_of_its_spans_has_none():
+    """Span.conversation is nullable: a span row of the trace that holds none (written by hand,
+    or before spans carried one) must not hide the conversation the trace's other spans are in."""
+    store_spans([_chat(ROUND_1, 2, 0, [ASK], DONE)])
+    Span.objects.create(trace_id=ROUND_1, span_id=f"{1:016x}", name="orphan", start_time=Span.objects.get().start_time)
+    late = _chat(ROUND_1, 3, 100, [ASK], DONE)
+    del late.attributes["gen_ai.conversation.id"]  # a child that names nothing: the trace's conversation holds it
+    store_spans([late])
+    assert list(Conversation.objects.values_list("external_id", flat=True)) == ["conv-review"]
+    assert LLMCall.objects.filter(conversation__external_id="conv-review").count() == 2

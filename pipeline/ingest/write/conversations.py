@@ -73,10 +73,10 @@ def _stored_conversations(trace_ids: list[str]) -> dict[str, tuple[int, str]]:
     """{trace_id: (conversation id, external id)} for traces that already have stored spans."""
     stored: dict[str, tuple[int, str]] = {}
     for chunk in sql.chunked(trace_ids, sql.SPAN_CHUNK):
-        # One span per trace is enough (all of a trace's spans share its conversation): an index
+        # One span per trace with a conversation is enough (all of a trace's spans share it): an index
         # probe per trace, never a read of the whole trace.
         first = (f"SELECT v.column1 AS trace_id, (SELECT s.conversation_id FROM {sql.table(Span)} s "
-                 f"WHERE s.trace_id = v.column1 LIMIT 1) AS conversation_id "
+                 f"WHERE s.trace_id = v.column1 AND s.conversation_id IS NOT NULL LIMIT 1) AS conversation_id "
                  f"FROM (VALUES {', '.join(['(%s)'] * len(chunk))}) AS v")
         for trace_id, conversation_id, external_id in sql.fetch(
             f"SELECT t.trace_id, c.id, c.external_id FROM ({first}) t "
