@@ -5,6 +5,7 @@ that showed it."""
 from __future__ import annotations
 
 import json
+import sqlite3
 
 import pytest
 from django.db import connection
@@ -101,3 +102,32 @@ def test_a_trace_goes_to_its_conversation_though_one_of_its_spans_has_none():
     store_spans([late])
     assert list(Conversation.objects.values_list("external_id", flat=True)) == ["conv-review"]
     assert LLMCall.objects.filter(conversation__external_id="conv-review").count() == 2
+
+
+VARIABLE_LIMIT = 1000  # what the ingest's own chunks need at most (sql.by_spans: 500 pairs)
+
+
+@pytest.mark.skipif(connection.vendor != "sqlite", reason="lowers a limit of SQLite's connection")
+def test_a_batch_early_in_a_very_long_round_stays_within_sqlites_variable_limit():
+    """A batch whose rows start before a long stretch of stored calls reads that stretch
+    (RoundRows.around): no IN list may hold all of it. SQLite's limit on a statement's variables
+    (32,766 by default) is lowered here so that a round of a thousand calls reaches it."""
+    long_stretch = [_chat(ROUND_1, n, 1_000 + n, [ASK], DONE) for n in range(1, VARIABLE_LIMIT + 100)]
+    store_spans(long_stretch)
+    early = [
+        _chat(ROUND_1, 0xF0000, 0, [ASK], {"role": "assistant", "parts": [{"type": "text", "content": "Early."}]}),
+        SpanRecord(ROUND_1, f"{0xF0001:016x}", "execute_tool lookup", T0 + 5 * MS, T0 + 9 * MS, attributes={
+            "gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "lookup", "gen_ai.tool.call.id": "call_X",
+            "gen_ai.conversation.id": "conv-review",
+        }),
+    ]
+    connection.ensure_connection()
+    before = connection.connection.setlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER, VARIABLE_LIMIT)
+    try:
+        store_spans(early)
+    finally:
+        connection.connection.setlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER, before)
+    turn = Round.objects.get()
+    assert turn.llm_call_count == len(long_stretch) + 1
+    assert LLMCall.objects.get(span_id=f"{0xF0000:016x}").step == 0
+    assert LLMCall.objects.get(span_id=f"{VARIABLE_LIMIT + 99:016x}").step == len(long_stretch)
