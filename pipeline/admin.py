@@ -21,6 +21,7 @@ from pipeline.models import (
     Span,
     SpanLog,
     ToolCall,
+    ToolRequest,
     ToolResultCarry,
 )
 
@@ -152,7 +153,10 @@ class LLMCallAdmin(admin.ModelAdmin):
     list_display = ("model", "conversation", "input_tokens", "output_tokens", "context_tokens", "status", "started_at")
     list_filter = ("status", "model", "provider")
     search_fields = ("trace_id", "span_id", "model")
-    raw_id_fields = ("conversation", "round")
+    raw_id_fields = ("conversation",)
+    # The tool calls a call asks for are indexed from its output, by round (ToolRequest), and its
+    # tools linked by them: an edit here would rewrite neither.
+    readonly_fields = ("output_messages", "round")
 
 
 @admin.register(ToolCall)
@@ -202,6 +206,22 @@ class ToolResultCarryAdmin(admin.ModelAdmin):
     list_display = ("tool_call_id", "trace_id", "span_id", "started_at", "tokens", "cost_usd")
     search_fields = ("tool_call_id", "trace_id", "span_id")
     raw_id_fields = ("conversation",)
+
+    def has_add_permission(self, request) -> bool:
+        return False
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False
+
+
+@admin.register(ToolRequest)
+class ToolRequestAdmin(admin.ModelAdmin):
+    """The index of the tool calls LLM calls ask for (pipeline.ingest.write.linking): kept by
+    ingest from the calls' output, read-only here."""
+
+    list_display = ("tool_call_id", "name", "llm_call", "round")
+    search_fields = ("tool_call_id", "name")
+    raw_id_fields = ("llm_call", "round")
 
     def has_add_permission(self, request) -> bool:
         return False
