@@ -154,7 +154,10 @@ class LLMCallAdmin(admin.ModelAdmin):
     list_display = ("model", "conversation", "input_tokens", "output_tokens", "context_tokens", "status", "started_at")
     list_filter = ("status", "model", "provider")
     search_fields = ("trace_id", "span_id", "model")
-    raw_id_fields = ("conversation", "round")
+    raw_id_fields = ("conversation",)
+    # The tool calls a call asks for are indexed from its output, by round (ToolRequest), and its
+    # tools linked by them: an edit here would rewrite neither.
+    readonly_fields = ("output_messages", "round")
 
 
 @admin.register(ToolCall)

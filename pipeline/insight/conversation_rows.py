@@ -15,10 +15,13 @@ Reading. An LLM call's input digest lists every message the call saw, so a conve
 inputs together hold each message once per call that sees it: quadratic in its length.
 `read_streams` reads an input whose JSON text extends an earlier input's (the same entries,
 serialised the same way, then more) as the earlier entries plus the decoded additions, so only
-what is new is decoded; the text comparison itself runs in C. Django's json.dumps (SQLite) and
-PostgreSQL's jsonb text both print an entry the same way every time, which is all the comparison
-needs; an input that extends no earlier input (a compression, an edit, a new stream) is decoded
-whole.
+what is new is decoded; the text comparison itself runs in C. The comparison needs an entry to
+be printed the same way every time, which PostgreSQL's jsonb text does. On SQLite the text is as
+written: by orjson on the ingest path (pipeline.ingest.write.sql.Prepare.json: no spaces), by
+json.dumps where the ORM writes the row or orjson refuses a value (", " and ": "), so an input
+written one way does not extend one written the other way as text; it is then decoded whole and
+compared by its entries' hashes (`extends`), which links it all the same. An input that extends
+no earlier input (a compression, an edit, a new stream) is decoded whole.
 """
 
 from __future__ import annotations

@@ -1,12 +1,15 @@
 from __future__ import annotations
 
+import json
 from datetime import timedelta
 
 import pytest
 from django.contrib import admin
 from django.urls import reverse
 
-from pipeline.models import ApiKey, Artifact
+from pipeline.ingest.records import SpanRecord
+from pipeline.ingest.write.store import store_spans
+from pipeline.models import ApiKey, Artifact, LLMCall
 from pipeline.models.apikeys import Scope
 from tests.factories import make_artifact
 
@@ -125,3 +128,20 @@ def test_the_revoke_action_revokes_keys(client, alice):
     client.force_login(alice)
     client.post(reverse("admin:pipeline_apikey_changelist"), {"action": "revoke", "_selected_action": [key.pk]})
     assert ApiKey.authenticate(raw) is None
+
+
+def test_an_llm_calls_output_and_round_are_read_only_in_the_admin(client, alice):
+    """The tool calls a call asks for are indexed from its output (pipeline.models.ToolRequest) by
+    round: an admin edit of either would leave that index describing another call."""
+    asks = [{"role": "assistant", "parts": [{"type": "tool_call", "id": "call_1", "name": "lookup", "arguments": {}}]}]
+    store_spans([SpanRecord("5cf92f3577b34da6a3ce929d0e0e4799", "0000000000000001", "chat gpt-4o",
+                            1_763_900_000_000_000_000, 1_763_900_001_000_000_000, attributes={
+                                "gen_ai.operation.name": "chat", "gen_ai.conversation.id": "conv-admin",
+                                "gen_ai.output.messages": json.dumps(asks)})])
+    call = LLMCall.objects.get()
+    client.force_login(alice)
+    response = client.get(reverse("admin:pipeline_llmcall_change", args=[call.pk]))
+    assert response.status_code == 200
+    editable = set(response.context["adminform"].form.fields)
+    assert {"output_messages", "round"}.isdisjoint(editable)
+    assert "call_1" in response.content.decode()  # still shown

@@ -73,10 +73,10 @@ def _stored_conversations(trace_ids: list[str]) -> dict[str, tuple[int, str]]:
     """{trace_id: (conversation id, external id)} for traces that already have stored spans."""
     stored: dict[str, tuple[int, str]] = {}
     for chunk in sql.chunked(trace_ids, sql.SPAN_CHUNK):
-        # One span per trace is enough (all of a trace's spans share its conversation): an index
+        # One span per trace with a conversation is enough (all of a trace's spans share it): an index
         # probe per trace, never a read of the whole trace.
         first = (f"SELECT v.column1 AS trace_id, (SELECT s.conversation_id FROM {sql.table(Span)} s "
-                 f"WHERE s.trace_id = v.column1 LIMIT 1) AS conversation_id "
+                 f"WHERE s.trace_id = v.column1 AND s.conversation_id IS NOT NULL LIMIT 1) AS conversation_id "
                  f"FROM (VALUES {', '.join(['(%s)'] * len(chunk))}) AS v")
         for trace_id, conversation_id, external_id in sql.fetch(
             f"SELECT t.trace_id, c.id, c.external_id FROM ({first}) t "
@@ -100,10 +100,13 @@ def _locked_conversations(ids: list[int]) -> dict[str, Conversation]:
     return {c.external_id: c for c in sql.instances(Conversation, CONVERSATION_COLUMNS, rows)}
 
 
-def resolve_conversations(spans: list[NormalisedSpan]) -> tuple[dict[str, Conversation], set[int], set[int]]:
-    """{trace_id: Conversation} for every trace in `spans`, the ids of conversations created, and
-    the ids of conversations a placeholder was merged into (their rounds may now hold rows that
-    were never linked together).
+def resolve_conversations(
+    spans: list[NormalisedSpan],
+) -> tuple[dict[str, Conversation], set[int], set[int], set[int]]:
+    """{trace_id: Conversation} for every trace in `spans`, the ids of conversations created, the
+    ids of conversations a placeholder was merged into (their rounds may now hold rows that were
+    never linked together), and the ids of the rounds a placeholder's rounds were folded into
+    (rows of two rounds now in one, whether or not the batch has spans of it).
 
     The caller holds the locks of the batch's traces (`sql.lock_traces`), so what is stored of
     each trace cannot change while its conversation is decided.
@@ -151,8 +154,9 @@ def resolve_conversations(spans: list[NormalisedSpan]) -> tuple[dict[str, Conver
     gone = set(wanted) - found.keys()
     if gone:  # deleted (pruned) between the lookup and the lock: the transaction is retried
         raise IntegrityError(f"conversations {sorted(gone)} vanished while being locked")
+    folded: set[int] = set()
     for trace_id, placeholder_id in merges.items():
-        merge_conversation(placeholder_id, found[target[trace_id]])
+        folded |= merge_conversation(placeholder_id, found[target[trace_id]])
 
     changed = []
     for external, group in _group_by(spans, lambda s: target[s.record.trace_id]).items():
@@ -173,21 +177,26 @@ def resolve_conversations(spans: list[NormalisedSpan]) -> tuple[dict[str, Conver
             changed.append(conversation)
     sql.update_rows(Conversation, sorted(changed, key=lambda c: c.id), CONVERSATION_WIDENED)
     merged_into = {found[target[trace_id]].id for trace_id in merges}
-    return {trace_id: found[external] for trace_id, external in target.items()}, created, merged_into
+    return {trace_id: found[external] for trace_id, external in target.items()}, created, merged_into, folded
 
 
-def merge_conversation(placeholder_id: int, into: Conversation) -> None:
-    """Move everything of a placeholder conversation into `into` and delete the placeholder."""
+def merge_conversation(placeholder_id: int, into: Conversation) -> set[int]:
+    """Move everything of a placeholder conversation into `into` and delete the placeholder.
+
+    Returns the ids of the rounds of `into` that a placeholder round with the same key was folded
+    into: their rows must be numbered, linked and counted again."""
     rows = sql.fetch(f"SELECT {sql.columns(CONVERSATION_COLUMNS)} FROM {sql.table(Conversation)} WHERE id = %s",
                      [placeholder_id])
     if not rows or placeholder_id == into.id:
-        return
+        return set()
     placeholder = sql.instances(Conversation, CONVERSATION_COLUMNS, rows)[0]
     results = tool_context.results_in(placeholder_id)
     select_keys = f"SELECT {sql.quote('key')}, id FROM {sql.table(Round)} WHERE conversation_id = %s"
     taken = dict(sql.fetch(select_keys, [into.id]))
+    folded = set()
     for key, round_id in sql.fetch(select_keys, [placeholder_id]):
         if key in taken:  # the same turn already started in the target: fold its rows into that round
+            folded.add(taken[key])
             for model in (LLMCall, ToolCall, CompressionEvent, SkillActivation, ToolRequest):
                 sql.execute(f"UPDATE {sql.table(model)} SET round_id = %s WHERE round_id = %s", [taken[key], round_id])
             sql.execute(f"DELETE FROM {sql.table(Round)} WHERE id = %s", [round_id])
@@ -204,6 +213,7 @@ def merge_conversation(placeholder_id: int, into: Conversation) -> None:
     if placeholder.title_explicit and not into.title_explicit:
         into.title, into.title_explicit = placeholder.title, True
     sql.update_rows(Conversation, [into], CONVERSATION_WIDENED)
+    return folded
 
 
 def _rounds_by_key(keys: list[tuple[int, str]]) -> dict[tuple[int, str], Round]:

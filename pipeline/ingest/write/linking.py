@@ -27,7 +27,7 @@ from typing import Any
 
 from datetime import datetime
 
-from django.db.models import Exists, OuterRef, Subquery
+from django.db.models import Exists, OuterRef, QuerySet, Subquery
 
 from pipeline.ingest.normalise.messages import last_text, tool_calls_of, tool_responses_of
 from pipeline.ingest.write import sql
@@ -36,11 +36,14 @@ from pipeline.ingest.normalise.values import to_text
 from pipeline.models import CompressionEvent, LLMCall, Round, ToolCall, ToolRequest, ToolResultCarry
 
 LLM_FIELDS = ("id", "round_id", "trace_id", "span_id", "started_at", "ended_at", "step", "output_messages")
-TOOL_FIELDS = ("id", "round_id", "trace_id", "span_id", "started_at", "tool_name", "tool_call_id", "llm_call_id",
-               "arguments", "observation", "tokens_pending")
+TOOL_FIELDS = ("id", "conversation_id", "round_id", "trace_id", "span_id", "started_at", "tool_name", "tool_call_id",
+               "llm_call_id", "arguments", "observation", "tokens_pending")
 TOOL_LINK_FIELDS = ["llm_call", "tool_call_id", "arguments", "observation", "tokens_pending"]
 ID_LENGTH = ToolCall._meta.get_field("tool_call_id").max_length
 REQUEST_COLUMNS = ("llm_call_id", "round_id", "tool_call_id", "name")
+# Values an IN list takes at most: a long round holds more rows than SQLite takes variables in one
+# statement (32,766 by default), so lists built from what was loaded go a chunk at a time.
+IN_CHUNK = 500
 
 
 def _order(row: LLMCall | ToolCall) -> tuple:
@@ -53,6 +56,11 @@ def _requested_ids(call: LLMCall) -> set[str]:
 
 def _unique(rows: Iterable[Any]) -> list[Any]:
     return list({row.pk: row for row in rows}.values())
+
+
+def _rows_in(query: QuerySet, name: str, values: Iterable[Any]) -> list[Any]:
+    """The rows of `query` whose `name` is one of `values`, read IN_CHUNK values at a time."""
+    return [row for chunk in sql.chunked(sorted(set(values)), IN_CHUNK) for row in query.filter(**{f"{name}__in": chunk})]
 
 
 @dataclass
@@ -79,9 +87,9 @@ class RoundRows:
         rows = rows if rows is not None else cls()
         round_ids = list(round_ids)
         if round_ids:
-            for call in LLMCall.objects.filter(round_id__in=round_ids).only(*LLM_FIELDS):
+            for call in _rows_in(LLMCall.objects.only(*LLM_FIELDS), "round_id", round_ids):
                 rows.llm[call.round_id].append(call)
-            for tool in ToolCall.objects.filter(round_id__in=round_ids).only(*TOOL_FIELDS):
+            for tool in _rows_in(ToolCall.objects.only(*TOOL_FIELDS), "round_id", round_ids):
                 rows.tools[tool.round_id].append(tool)
         return rows
 
@@ -123,31 +131,28 @@ class RoundRows:
         tools = ToolCall.objects.filter(round_id=round_id).only(*TOOL_FIELDS).order_by()
         asked = set().union(*(_requested_ids(c) for c in new_llm))
         stored_tools = [*tools.filter(started_at__gte=since), *tools.filter(llm_call__isnull=True)]
-        if asked:
-            stored_tools += tools.filter(tool_call_id__in=sorted(asked))
+        stored_tools += _rows_in(tools, "tool_call_id", asked)
         answered = {str(i)[:ID_LENGTH] for c in new_llm for i in tool_responses_of(c.input_messages or [])}
-        for chunk in sql.chunked(sorted(answered), 500):  # stored tools whose result a new call's input holds
-            stored_tools += tools.filter(observation="", tool_call_id__in=chunk)
+        stored_tools += _rows_in(tools.filter(observation=""), "tool_call_id", answered)  # results a new input holds
         self.tools[round_id] = _unique(stored_tools)
 
         loaded = {c.pk for c in (*self.llm[round_id], *before)}
         linked = [*self.tools[round_id], *new_tools]
         ids = {t.tool_call_id for t in linked if t.tool_call_id}
         requests = ToolRequest.objects.filter(round_id=round_id)
-        if ids:
-            requesters = requests.filter(tool_call_id__in=sorted(ids)).exclude(llm_call_id__in=loaded)
-            self.context[round_id] += calls.filter(pk__in=requesters.values("llm_call_id"))
+        requesters = set(_rows_in(requests.values_list("llm_call_id", flat=True), "tool_call_id", ids)) - loaded
+        self.context[round_id] += _rows_in(calls, "pk", requesters)
         known = asked.union(*(_requested_ids(c) for c in (*self.llm[round_id], *self.context[round_id])))
         names = {t.tool_name for t in linked if not (t.tool_call_id and t.tool_call_id in known)}
-        if names:  # tools not requested by id take an unclaimed request of their name
-            unclaimed = requests.filter(name__in=sorted(names)).exclude(
-                Exists(ToolCall.objects.filter(round_id=round_id, tool_call_id=OuterRef("tool_call_id")))
-            ).exclude(llm_call_id__in=loaded | {c.pk for c in self.context[round_id]})
-            self.context[round_id] += calls.filter(pk__in=unclaimed.values("llm_call_id"))
+        # tools not requested by id take an unclaimed request of their name
+        unclaimed = requests.exclude(
+            Exists(ToolCall.objects.filter(round_id=round_id, tool_call_id=OuterRef("tool_call_id")))
+        ).values_list("llm_call_id", flat=True)
+        offering = set(_rows_in(unclaimed, "name", names)) - loaded - {c.pk for c in self.context[round_id]}
+        self.context[round_id] += _rows_in(calls, "pk", offering)
         offered = set().union(*(_requested_ids(c) for c in (*self.llm[round_id], *self.context[round_id])))
         if offered:
-            claimed = tools.filter(tool_call_id__in=sorted(offered)).values_list("tool_call_id", flat=True)
-            self.claimed[round_id] = set(claimed)
+            self.claimed[round_id] = set(_rows_in(tools.values_list("tool_call_id", flat=True), "tool_call_id", offered))
 
     def add(self, llm: Iterable[LLMCall], tools: Iterable[ToolCall]) -> None:
         for call in llm:
@@ -209,8 +214,9 @@ class RoundRows:
 
 def _answering_calls(round_id: int, loaded: set[int]) -> list[LLMCall]:
     """The round's other stored calls that may hold an answer: those that ask for no tool."""
-    return list(LLMCall.objects.filter(round_id=round_id).order_by().exclude(pk__in=loaded)
-                .exclude(Exists(ToolRequest.objects.filter(llm_call_id=OuterRef("pk")))).only(*LLM_FIELDS))
+    calls = LLMCall.objects.filter(round_id=round_id).order_by()
+    answering = calls.exclude(Exists(ToolRequest.objects.filter(llm_call_id=OuterRef("pk"))))
+    return _rows_in(calls.only(*LLM_FIELDS), "pk", set(answering.values_list("pk", flat=True)) - loaded)
 
 
 def save_requests(calls: Iterable[LLMCall], *, replace: bool = False) -> None:
@@ -296,16 +302,16 @@ def _recover_observations(
     """Take a tool's observation from an LLM call's input (the tool message with its id)."""
     responses: dict[str, Any] = {}
     if whole_round is not None:  # only part of the round is loaded: read the calls that answer these tools
-        calls = _answering_inputs(calls, tools)
+        calls = _answering_inputs(calls, tools, whole_round)
         loaded = []
     stored = [c.pk for c in calls if "input_messages" not in c.get_deferred_fields() and c.input_messages]
     for call in calls:
         if call.pk in stored:
             responses.update(tool_responses_of(call.input_messages))
     if whole_round is None:
-        loaded = LLMCall.objects.filter(pk__in=[c.pk for c in calls if c.pk not in stored]).values_list(
-            "input_messages", flat=True
-        )
+        unread = [c.pk for c in calls if c.pk not in stored]
+        inputs = dict(_rows_in(LLMCall.objects.order_by().values_list("pk", "input_messages"), "pk", unread))
+        loaded = [inputs.get(pk) for pk in unread]  # in start order: the latest copy of a result wins
     for messages in loaded:
         responses.update(tool_responses_of(messages or []))
     for tool in tools:
@@ -316,9 +322,13 @@ def _recover_observations(
                 changed.append(tool)
 
 
-def _answering_inputs(calls: list[LLMCall], tools: list[ToolCall]) -> list[LLMCall]:
-    """The calls (new ones in `calls`, stored ones found in the ledger of carried results,
-    pipeline.models.ToolResultCarry) whose input answers one of `tools`, in start order."""
+def _answering_inputs(calls: list[LLMCall], tools: list[ToolCall], round_id: int) -> list[LLMCall]:
+    """The calls of round `round_id` (new ones in `calls`, stored ones found in the ledger of carried
+    results, pipeline.models.ToolResultCarry) whose input answers one of `tools`, in start order.
+
+    The ledger is kept by conversation: a later turn's copy of the result (cut short, say) or a
+    reused id (call_0 in every turn) is carried by calls of other rounds, which are left out, as
+    they are when the round is read whole."""
     new = [c for c in calls if "input_messages" not in c.get_deferred_fields()]
     keys = {(t.conversation_id, t.tool_call_id) for t in tools}
     carriers: set[tuple[str, str]] = set()
@@ -327,7 +337,8 @@ def _answering_inputs(calls: list[LLMCall], tools: list[ToolCall]) -> list[LLMCa
             conversation_id__in={k[0] for k in chunk}, tool_call_id__in={k[1] for k in chunk}
         ).values_list("trace_id", "span_id"))
     carriers -= {(c.trace_id, c.span_id) for c in new}
-    ids = [pk for _, _, pk in sql.by_spans(LLMCall, ["id"], carriers)]
+    ids = [pk for _, _, pk, carrier_round in sql.by_spans(LLMCall, ["id", "round_id"], carriers)
+           if carrier_round == round_id]
     stored: list[LLMCall] = []
     for chunk in sql.chunked(ids, 500):
         stored += LLMCall.objects.filter(pk__in=chunk).only("id", "span_id", "started_at", "input_messages")

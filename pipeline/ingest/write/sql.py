@@ -27,6 +27,11 @@ from pipeline.ingest.write.sanitise import integer_clamp
 from pipeline.rollups import track as rollups
 
 ZERO = timedelta(0)
+# orjson writes datetimes and dataclasses, which json.dumps (JSONField's encoder) refuses: passed
+# through, they are refused by orjson too and go to json.dumps, so what is stored is what the ORM
+# would store, refusals included. (UUIDs and plain Enums orjson still writes, having no option to
+# pass them through; the values ingest writes are decoded from JSON or protobuf and hold neither.)
+ORJSON_AS_JSON = orjson.OPT_PASSTHROUGH_DATETIME | orjson.OPT_PASSTHROUGH_DATACLASS
 
 
 def quote(name: str) -> str:
@@ -142,9 +147,9 @@ class Prepare:
     def json(self, value: Any) -> Any:
         if self._sqlite:  # JSON text, read back with json.loads: orjson writes the same values 5-10x faster
             try:
-                return orjson.dumps(value).decode()
-            except TypeError:  # what orjson refuses (keys that are not strings, integers past 64 bits)
-                pass
+                return orjson.dumps(value, option=ORJSON_AS_JSON).decode()
+            except TypeError:  # what orjson refuses (keys that are not strings, integers past 64 bits,
+                pass  # datetimes, dataclasses): json.dumps decides, as JSONField would
         return self._ops.adapt_json_value(value, None)
 
     def datetime(self, value: datetime | None) -> Any:

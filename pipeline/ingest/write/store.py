@@ -176,7 +176,7 @@ def _store(
     conversation_ids: set[int] = set()
     recount: set[int] = set()  # rounds whose stored rows changed: aggregated again, not added to
     if fresh:
-        conversations, created, merged = resolve_conversations(fresh)
+        conversations, created, merged, folded = resolve_conversations(fresh)
         rounds, new_rounds = resolve_rounds(fresh, conversations)
         round_ids = {r.id for r in rounds.values()}
         stored_rounds = round_ids - new_rounds
@@ -189,6 +189,12 @@ def _store(
         stated = {rounds[(conversations[s.record.trace_id].id, s.round_key)].id
                   for s in fresh if s.in_round and s.final_answer}
         update_rows(Round, links.fill_final_answers(rounds.values(), stated), ["final_answer"])
+        folded -= round_ids  # those of the batch's rounds were read whole and relinked above
+        if folded:  # rounds that took a placeholder's rows but have no span in the batch
+            relink_stored(folded, Round.objects.filter(id__in=folded).only("id", "final_answer"))
+            tool_context.update_for_rounds(folded)
+            round_ids |= folded
+            recount |= folded
         tool_context.update_tool_context(rows["llm"], tool_context.tool_keys([*rows["tool"], *links.changed_tools.values()]))
         pending = mark_pending(rows["tool"]) or pending or any(
             row.tokens_pending for row in (*rows["llm"], *rows["tool"])

@@ -1,0 +1,56 @@
+"""The ingest's JSON writer (pipeline.ingest.write.sql.Prepare.json) takes and refuses the values
+JSONField takes and refuses: orjson writes faster, but what json.dumps refuses is not stored."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from datetime import UTC, datetime
+
+import pytest
+from django.db import connection
+
+from pipeline.ingest.write.sql import Prepare
+from pipeline.models import Span
+
+pytestmark = [
+    pytest.mark.django_db,
+    # PostgreSQL's adapter encodes when the statement runs; SQLite's text is made here
+    pytest.mark.skipif(connection.vendor != "sqlite", reason="the orjson path is SQLite's"),
+]
+
+
+@dataclasses.dataclass
+class Point:
+    x: int
+
+
+def _field_prepares(value):
+    try:
+        return Span._meta.get_field("attributes").get_db_prep_save(value, connection), None
+    except TypeError as error:
+        return None, type(error)
+
+
+def _ingest_prepares(value):
+    try:
+        return Prepare().json(value), None
+    except TypeError as error:
+        return None, type(error)
+
+
+@pytest.mark.parametrize("value", [
+    {"at": datetime(2026, 1, 1, tzinfo=UTC)},
+    {"point": Point(1)},
+    [datetime(2026, 1, 1)],
+])
+def test_values_json_refuses_are_refused_alike(value):
+    assert _field_prepares(value) == (None, TypeError)
+    assert _ingest_prepares(value) == (None, TypeError)
+
+
+@pytest.mark.parametrize("value", [{"a": [1, 2.5, "é", None, True]}, {1: "integer key"}, [2**70]])
+def test_values_json_takes_read_back_the_same(value):
+    stored, refused = _ingest_prepares(value)
+    assert refused is None
+    assert json.loads(stored) == json.loads(json.dumps(value))
