@@ -108,7 +108,9 @@ def figures_by_name(kind: str, *, since: datetime | None = None, until: datetime
         for row in _raw_calls(kind, lo, hi, name):
             row_name, _, figures = contribution(kind, row)
             out[row_name].add(figures, sign)
-    return {row_name: f for row_name, f in out.items() if f.calls}
+    # calls <= 0: a name whose only calls were subtracted at an edge (an ingest committed between
+    # the rollup and raw reads can leave -1 for a moment)
+    return {row_name: f for row_name, f in out.items() if f.calls > 0}
 
 
 def _raw_calls(kind: str, lo: datetime, hi: datetime, name: str | None) -> Iterator[dict]:

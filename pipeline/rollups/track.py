@@ -110,21 +110,36 @@ def write_deltas(by_key: dict[Key, Figures]) -> None:
         _write_changed(changed)
 
 
-def _write_changed(changed: dict[Key, Figures]) -> None:
-    # One query for every row the changes touch (a superset: the combinations of their kinds,
-    # names and starts), FOR UPDATE on PostgreSQL so that two batches adding to a bucket take turns.
-    existing: dict[Key, tuple] = {}
-    kinds = sorted({k[0] for k in changed})
-    names = sorted({k[3] for k in changed})
-    starts = sorted({k[2] for k in changed})
+def _locked_rows(keys: Sequence[Key]) -> dict[Key, tuple]:
+    """The stored rows of `keys`, locked (FOR UPDATE on PostgreSQL, so that two batches adding to
+    a bucket take turns); one query per chunk over a superset (the combinations of the keys'
+    kinds, names and starts), which names every column of the unique index: no scan."""
+    wanted = set(keys)
+    found: dict[Key, tuple] = {}
+    kinds = sorted({k[0] for k in wanted})
+    names = sorted({k[3] for k in wanted})
+    starts = sorted({k[2] for k in wanted})
     for i in range(0, len(starts), CHUNK):
         rows = (Rollup.objects.select_for_update().order_by("pk")
                 .filter(kind__in=kinds, grain__in=sorted(GRAINS), bucket_start__in=starts[i:i + CHUNK],
-                        name__in=names)  # every column of the unique index: a lookup per combination, no scan
+                        name__in=names)
                 .values_list("kind", "grain", "bucket_start", "name", "pk", "calls", "sums", "errors", "latency"))
         for kind, grain, start, name, *stored in rows:
-            if (kind, grain, start, name) in changed:
-                existing[(kind, grain, start, name)] = stored
+            if (kind, grain, start, name) in wanted:
+                found[(kind, grain, start, name)] = stored
+    return found
+
+
+def _write_changed(changed: dict[Key, Figures]) -> None:
+    existing = _locked_rows(list(changed))
+    missing = [key for key in sorted(changed) if key not in existing]
+    if missing:
+        # FOR UPDATE has no row to lock for a new bucket, so two writers could both create it (and
+        # the loser's whole batch would fail on the unique index): insert it empty, where the
+        # second insert does nothing, then lock it like the others.
+        Rollup.objects.bulk_create([Rollup(kind=kind, grain=grain, bucket_start=start, name=name)
+                                    for kind, grain, start, name in missing], batch_size=CHUNK, ignore_conflicts=True)
+        existing.update(_locked_rows(missing))
     new, updated, emptied = [], [], []
     for key in sorted(changed):
         row = existing.get(key)

@@ -42,6 +42,7 @@ from pipeline.ingest.write.writer_threads import writer
 from pipeline.insight.costs import price_llm_call
 from pipeline.insight.finding_counts import mark_stale
 from pipeline.models import Conversation, LLMCall, ToolCall
+from pipeline.rollups import track as rollups
 from pipeline.signals import empty_changes, ingest_committed
 from pipeline.tokens.counting import MessageCounts
 
@@ -212,7 +213,8 @@ def write_counted(counted: Counted) -> None:
 
     if not _any_still_pending(counted):  # another run (PostgreSQL has several writer threads) wrote them
         return
-    with transaction.atomic():
+    # The rollups' changes written once, in key order, like an ingest batch's: no deadlock between them.
+    with transaction.atomic(), rollups.batched():
         sql.lock_rows(Conversation, {row.conversation_id for row in (*counted.calls, *counted.tools, *counted.levels)})
         calls, tools = _current(counted)
         # a placeholder merged meanwhile moved rows to another conversation: lock that one too
