@@ -194,12 +194,12 @@ def context_chart(conversation: Conversation, span: TimeSpan | None = None) -> d
     series = usage_series(calls)
     starts = [call.started_at for call in calls]
     since = starts[0] if starts else None
-    events = CompressionEvent.objects.filter(conversation=conversation).order_by("occurred_at").only(
-        "pk", "occurred_at", "strategy", "tokens_before", "tokens_after")
+    # The compressions of the span (a window without LLM calls charts none of another window's),
+    # and none before the first call charted.
+    events = CompressionEvent.objects.filter(span.filter("occurred_at"), conversation=conversation).order_by(
+        "occurred_at").only("pk", "occurred_at", "strategy", "tokens_before", "tokens_after")
     if since is not None:
         events = events.filter(occurred_at__gte=since)
-    if span.until is not None:
-        events = events.filter(occurred_at__lt=span.until)
     series["compressions"] = [
         {
             # The marker sits on the first call made after the compression.

@@ -286,6 +286,18 @@ def test_a_page_of_older_turns_charts_the_calls_of_those_turns(client_alice, dem
     assert older.context["context_chart"]["ids"] == in_round[demo.rounds[0].pk]
 
 
+def test_a_page_of_turns_without_llm_calls_charts_no_compression_of_other_turns(client_alice, demo, monkeypatch):
+    monkeypatch.setattr("dashboard.timeline.MAX_TURNS_PER_PAGE", 1)  # page 2: the second turn
+    first, second = demo.rounds[0], demo.rounds[1]
+    type(demo.compression).objects.filter(pk=demo.compression.pk).update(
+        round=first, occurred_at=first.started_at + timedelta(seconds=4))
+    type(demo.llm_calls[0]).objects.filter(round=second).delete()
+    url = reverse("conversation", args=[demo.conversation.pk])
+    assert client_alice.get(url, {"page": "2"}).context["context_chart"]["compressions"] == []
+    [marker] = client_alice.get(url, {"page": "3"}).context["context_chart"]["compressions"]
+    assert marker["url"] == reverse("compression", args=[demo.compression.pk])
+
+
 def test_llm_call_page_shows_what_the_model_saw(client_alice, demo):
     call = demo.llm_calls[0]
     call.input_messages = [{"role": "system", "parts": [{"type": "text", "content": "Be terse."}]},
