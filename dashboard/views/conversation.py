@@ -2,8 +2,8 @@
 
 The page shows one window of turns (`?page=`, 1 the latest; dashboard.timeline.turn_window; `?round=`
 redirects to the page holding that round) and, for that window, the timeline, the context chart and
-the findings; the findings' totals are the conversation's stored counts. Its live fragments take the same `page`, so a refresh costs what
-the window holds, however long the conversation.
+the findings; the findings' totals are the conversation's stored counts. Its live fragments take
+the same `page`, so a refresh costs what the window holds, however long the conversation.
 """
 
 from __future__ import annotations
