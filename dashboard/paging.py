@@ -16,11 +16,15 @@ from django.db.models import QuerySet
 from rest_framework.pagination import LimitOffsetPagination
 
 PAGES_AHEAD = 10
+# The largest page number or offset a count is computed from: the LIMIT built from a larger one
+# overflows the database's integer (SQLite "datatype mismatch", PostgreSQL bigint out of range).
+# Past it, a page is past the end anyway (an empty API page, the list's last page).
+MAX_POSITION = 2**31 - 1
 
 
 def _page_number(value: object) -> int:
     try:
-        return max(1, int(str(value)))
+        return min(max(1, int(str(value))), MAX_POSITION)
     except (TypeError, ValueError):
         return 1
 
@@ -54,6 +58,9 @@ class CappedPaginator(Paginator):
 class CappedLimitOffsetPagination(LimitOffsetPagination):
     """LimitOffsetPagination whose `count` stops PAGES_AHEAD pages past the one returned: exact
     up to there, else that bound (`next` is then set: page on to count further)."""
+
+    def get_offset(self, request: Any) -> int:
+        return min(super().get_offset(request), MAX_POSITION)
 
     def get_count(self, queryset: QuerySet) -> int:
         limit = self.get_limit(self.request) or self.default_limit

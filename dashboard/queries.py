@@ -145,6 +145,7 @@ class ErrorRow:
     message: str
     conversation: Conversation
     anchor: str  # element id on the conversation page
+    round_id: int | None  # the turn it is in, which names the page of turns that shows it
 
 
 def recent_errors(limit: int = 8) -> list[ErrorRow]:
@@ -154,10 +155,11 @@ def recent_errors(limit: int = 8) -> list[ErrorRow]:
     llms = (LLMCall.objects.filter(status=Status.ERROR).select_related("conversation")
             .defer(*HEAVY_LLM_FIELDS, "output_messages").order_by("-started_at")[:limit])
     rows = chain(
-        (ErrorRow(t.started_at, "tool", t.tool_name, t.error_type, t.error_message, t.conversation, f"tool-{t.pk}")
+        (ErrorRow(t.started_at, "tool", t.tool_name, t.error_type, t.error_message, t.conversation, f"tool-{t.pk}",
+                  t.round_id)
          for t in tools),
         (ErrorRow(c.started_at, "llm", c.model or "LLM call", c.error_type, c.error_message, c.conversation,
-                  f"llm-{c.pk}") for c in llms),
+                  f"llm-{c.pk}", c.round_id) for c in llms),
     )
     return sorted(rows, key=lambda row: row.at, reverse=True)[:limit]
 

@@ -121,6 +121,14 @@ def turns_per_page(conversation: Conversation) -> int:
     return max(1, min(MAX_TURNS_PER_PAGE, STEPS_PER_PAGE * conversation.round_count // steps))
 
 
+def page_of_round(round_: Round) -> int:
+    """The page of its conversation's turns (1, the latest) that shows the round."""
+    newer = Round.objects.filter(conversation_id=round_.conversation_id).filter(
+        Q(started_at__gt=round_.started_at) | Q(started_at=round_.started_at, pk__gt=round_.pk)
+    )
+    return newer.count() // turns_per_page(round_.conversation) + 1
+
+
 def turn_window(conversation: Conversation, page_number: object = 1) -> TurnWindow:
     """The page `page_number` of the conversation's turns, newest page first (a bad or too large
     number gives the nearest page, like the lists)."""
@@ -186,12 +194,12 @@ def context_chart(conversation: Conversation, span: TimeSpan | None = None) -> d
     series = usage_series(calls)
     starts = [call.started_at for call in calls]
     since = starts[0] if starts else None
-    events = CompressionEvent.objects.filter(conversation=conversation).order_by("occurred_at").only(
-        "pk", "occurred_at", "strategy", "tokens_before", "tokens_after")
+    # The compressions of the span (a window without LLM calls charts none of another window's),
+    # and none before the first call charted.
+    events = CompressionEvent.objects.filter(span.filter("occurred_at"), conversation=conversation).order_by(
+        "occurred_at").only("pk", "occurred_at", "strategy", "tokens_before", "tokens_after")
     if since is not None:
         events = events.filter(occurred_at__gte=since)
-    if span.until is not None:
-        events = events.filter(occurred_at__lt=span.until)
     series["compressions"] = [
         {
             # The marker sits on the first call made after the compression.

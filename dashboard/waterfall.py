@@ -22,11 +22,11 @@ from datetime import datetime
 from typing import Any, TypedDict
 
 from django.db import NotSupportedError
-from django.db.models import Expression, F, JSONField, Q
+from django.db.models import Expression, F, JSONField
 from django.db.models.functions import Substr
 from django.urls import reverse
 
-from dashboard.timeline import turns_per_page
+from dashboard.timeline import page_of_round
 from pipeline import semconv as sc
 from pipeline.ingest.normalise.span import bounded_key, nanos_to_datetime
 from pipeline.ingest.normalise.values import as_int, first, first_str
@@ -228,10 +228,7 @@ def _tree_order(rows: list[_Row]) -> list[tuple[_Row, int, bool]]:
 def _page_url(round_: Round) -> str:
     """The conversation page that shows the round: the page of turns it is on (1, the latest: no `?page=`)."""
     page = reverse("conversation", args=[round_.conversation_id])
-    newer = Round.objects.filter(conversation_id=round_.conversation_id).filter(
-        Q(started_at__gt=round_.started_at) | Q(started_at=round_.started_at, pk__gt=round_.pk)
-    )
-    number = newer.count() // turns_per_page(round_.conversation) + 1
+    number = page_of_round(round_)
     return f"{page}?page={number}" if number > 1 else page
 
 

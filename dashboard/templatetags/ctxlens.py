@@ -1,4 +1,5 @@
-"""Number and time formatting for the dashboard templates (all output is autoescaped text)."""
+"""Number and time formatting, and links into a conversation, for the dashboard templates (all
+output is autoescaped text)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import json
 from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
 
 from django import template
+from django.urls import reverse
 
 register = template.Library()
 
@@ -99,3 +101,14 @@ def usd_exact(value: object) -> str:
     if "." in text:
         text = text.rstrip("0").rstrip(".")
     return f"{text} USD"
+
+
+@register.simple_tag
+def turn_url(conversation_id: int, round_id: int | None = None, kind: str = "", pk: int | None = None) -> str:
+    """The conversation page at the element `kind`-`pk` (e.g. "tool", 12: #tool-12; `kind` alone: that
+    id): with the round it is in, `?round=`, which the page redirects to the page of turns holding it."""
+    url = reverse("conversation", args=[conversation_id])
+    if round_id:
+        url += f"?round={int(round_id)}"
+    anchor = f"{kind}-{int(pk)}" if kind and pk is not None else kind
+    return f"{url}#{anchor}" if anchor else url

@@ -1,9 +1,9 @@
 """One conversation: header, findings, context-usage chart, and the rounds as a ReAct timeline, live.
 
-The page shows one window of turns (`?page=`, 1 the latest; dashboard.timeline.turn_window) and,
-for that window, the timeline, the context chart and the findings; the findings' totals are the
-conversation's stored counts. Its live fragments take the same `page`, so a refresh costs what
-the window holds, however long the conversation.
+The page shows one window of turns (`?page=`, 1 the latest; dashboard.timeline.turn_window; `?round=`
+redirects to the page holding that round) and, for that window, the timeline, the context chart and
+the findings; the findings' totals are the conversation's stored counts. Its live fragments take
+the same `page`, so a refresh costs what the window holds, however long the conversation.
 """
 
 from __future__ import annotations
@@ -12,16 +12,17 @@ from collections import Counter
 from dataclasses import dataclass
 
 from django.http import HttpRequest, HttpResponse, JsonResponse
-from django.shortcuts import get_object_or_404, render
+from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 
 from dashboard.queries import HEAVY_COMPRESSION_FIELDS
-from dashboard.timeline import TurnWindow, build_turns, context_chart, turn_window
+from dashboard.timeline import TurnWindow, build_turns, context_chart, page_of_round, turn_window
 from dashboard.views.common import fragments, fragments_response, page
 from pipeline.insight.findings import CODES, SEVERITIES, Finding, conversation_findings
-from pipeline.models import CompressionEvent, Conversation
+from pipeline.models import CompressionEvent, Conversation, Round
 
 MAX_FRAGMENT_ROUNDS = 50
+MAX_ID = 2**63 - 1  # ids beyond a 64-bit integer name nothing (and SQLite refuses to compare them)
 # Findings about a tool's own call link to its timeline entry; the others to the LLM call page.
 TOOL_CODES = ("repeated_tool_call", "oversized_observation", "retry_storm")
 
@@ -72,9 +73,30 @@ def _timeline_context(conversation: Conversation, window: TurnWindow) -> dict:
             "query": "", "turn_window": window}
 
 
+def _page_holding(conversation: Conversation, raw_round: str) -> str | None:
+    """The URL of the page of turns that holds the round `raw_round` of the conversation (links to
+    a turn or one of its steps carry `?round=`, as the page a turn is on moves as turns are added);
+    None when it names none of the conversation's rounds."""
+    try:
+        round_id = int(raw_round)
+    except ValueError:
+        return None
+    target = Round.objects.filter(conversation=conversation, pk=round_id).first() if 0 < round_id <= MAX_ID else None
+    if target is None:
+        return None
+    number = page_of_round(target)
+    url = reverse("conversation", args=[conversation.pk])
+    return f"{url}?page={number}" if number > 1 else url
+
+
 @page
 def conversation_detail(request: HttpRequest, pk: int) -> HttpResponse:
     conversation = get_object_or_404(Conversation, pk=pk)
+    if "round" in request.GET:
+        # A redirect, so that the address (which the live refresh and the pager read) names the
+        # page; the browser keeps the link's #anchor across it.
+        return redirect(_page_holding(conversation, request.GET["round"])
+                        or reverse("conversation", args=[conversation.pk]))
     window = turn_window(conversation, request.GET.get("page"))
     context = {
         **_header_context(conversation, window),
@@ -84,9 +106,6 @@ def conversation_detail(request: HttpRequest, pk: int) -> HttpResponse:
         "context_chart": context_chart(conversation, window.span),
     }
     return render(request, "dashboard/conversation.html", context)
-
-
-MAX_ID = 2**63 - 1  # ids beyond a 64-bit integer name nothing (and SQLite refuses to compare them)
 
 
 def _round_ids(raw: str) -> list[int] | None:

@@ -34,8 +34,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from django.db.models import Q, TextField
-from django.db.models.functions import Cast
+from django.db.models import ExpressionWrapper, F, FloatField, Q, TextField
+from django.db.models.functions import Cast, Coalesce, NullIf
 
 from pipeline.insight.diff import Compressions, extends, shares_a_message
 from pipeline.models import CompressionEvent, LLMCall, ToolCall
@@ -159,6 +159,16 @@ def read_inputs_until(call: LLMCall, latest: int | None = None, since: datetime 
         texts.append(text)
     read_streams(calls, texts)
     return calls
+
+
+def full_call_from(conversation_id: int, since: datetime, share: float) -> bool:
+    """Whether an LLM call started from `since` on filled `share` of its stored context window: one
+    query, by the conversation's time index. A call whose window ingest has not stored yet (tokens
+    are counted after the reply) does not count."""
+    used = Coalesce(NullIf("context_tokens", 0), "input_tokens")
+    limit = ExpressionWrapper(F("context_window") * share, output_field=FloatField())
+    return (LLMCall.objects.filter(conversation_id=conversation_id, started_at__gte=since, context_window__gt=0)
+            .alias(used=used).filter(used__gte=limit).exists())
 
 
 def read_compressions(conversation_id: int, since: datetime | None = None) -> Compressions:

@@ -58,7 +58,14 @@ from datetime import datetime
 from typing import Any
 
 from pipeline.conf import ctxlens_config
-from pipeline.insight.conversation_rows import WINDOW_LOOKBACK, CallRow, Entry, ToolRow, read_conversation
+from pipeline.insight.conversation_rows import (
+    WINDOW_LOOKBACK,
+    CallRow,
+    Entry,
+    ToolRow,
+    full_call_from,
+    read_conversation,
+)
 from pipeline.insight.diff import CallInput, Compressions, diff_inputs
 from pipeline.models import Conversation
 from pipeline.tokens.counting import context_window
@@ -122,14 +129,21 @@ def conversation_findings(conversation: Conversation, since: datetime | None = N
     With `since` / `until`, the findings about calls in [since, until) only (a page's window of
     turns), computed from the calls of that span and the WINDOW_LOOKBACK before it, so the work
     does not grow with the conversation. Checks that look across the whole conversation see only
-    that much of it: a tool call id also used before the lookback is not a duplicate there (every
-    compression after the lookback's start counts, so near_window_limit is as it is unwindowed).
+    that much of it: a tool call id also used before the lookback is not a duplicate there. Every
+    compression after the lookback's start counts, and one query tells whether a full call follows
+    the span, so near_window_limit names the call the whole conversation's check names (its count
+    of full calls counts the calls read only).
     """
     if since is None and until is None:
         rows = read_conversation(conversation.pk)
         return _Checks(conversation, rows.calls, rows.tools, rows.compressions).run()
     rows = read_conversation(conversation.pk, since, until, lookback=WINDOW_LOOKBACK)
-    found = _Checks(conversation, rows.calls, rows.tools, rows.compressions, rows.calls_before).run()
+    checks = _Checks(conversation, rows.calls, rows.tools, rows.compressions, rows.calls_before)
+    # near_window_limit is about the latest full call since the last compression: not a call of
+    # an older page when a full call follows the page (a compression between them would have
+    # followed the page's calls too).
+    checks.full_later = until is not None and full_call_from(conversation.pk, until, NEAR_WINDOW_SHARE)
+    found = checks.run()
     return [f for f in found if f.at is None or ((since is None or f.at >= since) and (until is None or f.at < until))]
 
 
@@ -191,6 +205,7 @@ class _Checks:
                 self.duplicate_of[call.pk] = self.duplicate_of.get(previous.pk, previous)
         self.recorded = [call for call in calls if call.pk not in self.duplicate_of]
         self.found: list[Finding] = []
+        self.full_later = False  # a call after those read filled its window (near_window_limit)
 
     def previous(self, call: CallRow) -> CallRow | None:
         """The call `call` follows in its stream, as first recorded."""
@@ -421,7 +436,7 @@ class _Checks:
             used = call.context_tokens or call.input_tokens
             if window and used >= NEAR_WINDOW_SHARE * window:
                 full.append((call, used, window))
-        if not full:
+        if not full or self.full_later:
             return
         call, used, window = full[-1]
         more = (f"; {len(full)} calls reached {NEAR_WINDOW_SHARE:.0%} or more since the last compression"

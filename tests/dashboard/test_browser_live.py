@@ -172,6 +172,17 @@ def test_a_long_conversation_pages_through_its_turns(live_uvicorn, page, alice):
     expect(page.locator(".turn h3")).to_have_text(["Turn 2"])
 
 
+def test_a_link_to_a_step_of_an_older_turn_opens_the_page_that_shows_it(live_uvicorn, page, alice):
+    demo = _one_turn_a_page(3, "conv-pages-link")
+    first, call = demo.rounds[0], demo.llm_calls[0]
+    log_in(page, live_uvicorn)
+    page.goto(f"{live_uvicorn.url}/llm-calls/{call.pk}/")
+    page.locator(".crumbs").get_by_role("link", name=demo.conversation.title).click()
+    expect(page.locator(".turn h3")).to_have_text(["Turn 1"])
+    assert page.url.endswith(f"/conversations/{demo.conversation.pk}/?page=3#round-{first.pk}")
+    expect(page.locator(f"#round-{first.pk}")).to_be_in_viewport()
+
+
 def test_a_new_turn_appears_live_on_the_latest_page_only(live_uvicorn, page, alice):
     demo = _one_turn_a_page(2, "conv-pages-live")
     log_in(page, live_uvicorn)

@@ -286,6 +286,18 @@ def test_a_page_of_older_turns_charts_the_calls_of_those_turns(client_alice, dem
     assert older.context["context_chart"]["ids"] == in_round[demo.rounds[0].pk]
 
 
+def test_a_page_of_turns_without_llm_calls_charts_no_compression_of_other_turns(client_alice, demo, monkeypatch):
+    monkeypatch.setattr("dashboard.timeline.MAX_TURNS_PER_PAGE", 1)  # page 2: the second turn
+    first, second = demo.rounds[0], demo.rounds[1]
+    type(demo.compression).objects.filter(pk=demo.compression.pk).update(
+        round=first, occurred_at=first.started_at + timedelta(seconds=4))
+    type(demo.llm_calls[0]).objects.filter(round=second).delete()
+    url = reverse("conversation", args=[demo.conversation.pk])
+    assert client_alice.get(url, {"page": "2"}).context["context_chart"]["compressions"] == []
+    [marker] = client_alice.get(url, {"page": "3"}).context["context_chart"]["compressions"]
+    assert marker["url"] == reverse("compression", args=[demo.compression.pk])
+
+
 def test_llm_call_page_shows_what_the_model_saw(client_alice, demo):
     call = demo.llm_calls[0]
     call.input_messages = [{"role": "system", "parts": [{"type": "text", "content": "Be terse."}]},
@@ -321,3 +333,33 @@ def test_live_round_fragments_number_turns_as_the_page_does(client_alice, demo):
     for round_id, number in on_page.items():
         assert f"<h3>Turn {number}</h3>" in fragments[f"round-{round_id}"]
     assert sorted(on_page.values()) == [1, 2, 3]
+
+
+def test_links_to_a_step_of_an_older_turn_open_the_page_of_turns_that_shows_it(client_alice, demo, monkeypatch):
+    monkeypatch.setattr("dashboard.timeline.MAX_TURNS_PER_PAGE", 2)  # 3 turns: the first is on page 2
+    first = demo.rounds[0]
+    type(demo.compression).objects.filter(pk=demo.compression.pk).update(round=first)
+    weather, failing = demo.tool_calls[0], demo.tool_calls[1]
+    type(weather).objects.filter(pk=weather.pk).update(llm_call=demo.llm_calls[0])
+    links = [
+        (reverse("overview"), f"tool-{failing.pk}"),
+        (reverse("tool-calls") + "?window=all", f"tool-{failing.pk}"),
+        (reverse("llm-call", args=[demo.llm_calls[0].pk]), f"round-{first.pk}"),
+        (reverse("llm-call", args=[demo.llm_calls[0].pk]), f"tool-{weather.pk}"),
+        (reverse("compression", args=[demo.compression.pk]), f"round-{first.pk}"),
+        (reverse("artifact", args=[demo.artifact.artifact_id]), f"tool-{weather.pk}"),
+    ]
+    for page, anchor in links:
+        href = re.search(rf'href="([^"#]*)#{anchor}"', client_alice.get(page).content.decode())
+        assert href, (page, anchor)
+        landed = client_alice.get(href.group(1), follow=True)
+        assert landed.context["page_obj"].number == 2, (page, anchor)
+        assert f'id="{anchor}"' in landed.content.decode(), (page, anchor)
+
+
+def test_a_round_that_is_not_the_conversations_shows_its_latest_page(client_alice, demo):
+    other = make_conversation("conv-other", rounds=1)
+    url = reverse("conversation", args=[demo.conversation.pk])
+    for raw in (str(other.rounds[0].pk), "x", str(2**64), "-1"):
+        response = client_alice.get(url, {"round": raw})
+        assert response.status_code == 302 and response["Location"] == url, raw

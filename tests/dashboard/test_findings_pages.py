@@ -10,6 +10,7 @@ import pytest
 from django.urls import reverse
 from django.utils import timezone
 
+from pipeline import models
 from pipeline.insight import finding_counts
 from tests.insight.agent_events import (
     Conversation,
@@ -160,3 +161,19 @@ def test_a_page_of_turns_lists_the_findings_about_those_turns_with_the_conversat
     assert latest.count('data-code="oversized_observation"') == 1 and latest.count('class="finding"') == 3
     assert middle.count('class="finding"') == 1 and "LLM call #1 asked for tool call call_1" in middle
     assert oldest.count('class="finding"') == 1 and 'data-code="oversized_observation"' in oldest
+
+
+def test_only_the_page_of_the_latest_full_call_says_the_context_is_near_its_window(client_alice, api, monkeypatch):
+    monkeypatch.setattr("dashboard.timeline.MAX_TURNS_PER_PAGE", 1)
+    conversation = Conversation("full-pages", start=timezone.now() - timedelta(minutes=5))
+    for n in (1, 2, 3):  # every call fills 95 % of its window, and no compression follows any
+        conversation.turn(f"r{n}", f"Go on {n}.").llm([system(), user(f"Go on {n}.")], assistant(f"{n}"),
+                                                       window=10_000, context_tokens=9500)
+    conversation_id = conversation.send(api)
+    finding_counts.refresh_stale()
+    url = reverse("conversation", args=[conversation_id])
+    # The whole conversation has one such finding, about its latest call: so has the page of it only.
+    assert models.Conversation.objects.get(pk=conversation_id).finding_counts["near_window_limit"] == 1
+    codes = {page: [row.finding.code for row in client_alice.get(url, {"page": page}).context["findings"]]
+             for page in ("1", "2", "3")}
+    assert codes == {"1": ["near_window_limit"], "2": [], "3": []}

@@ -49,3 +49,19 @@ def test_the_api_counts_a_page_ahead_and_links_the_next_page(client, alice, seve
     assert first["count"] == 4 and first["next"] and len(first["results"]) == 2
     last = client.get("/api/conversations/", {"limit": 2, "offset": 6}).json()
     assert last["count"] == 7 and last["next"] is None and [c["external_id"] for c in last["results"]] == ["conv-0"]
+
+
+def test_a_page_number_past_any_database_integer_shows_the_last_page(client, alice, seven):
+    client.force_login(alice)
+    response = client.get(reverse("conversations"), {"page": "100000000000000000000"})
+    assert response.status_code == 200
+    assert [c.external_id for c in response.context["conversations"]] == ["conv-0"]
+    assert "7 conversations · page 4 of 4" in response.content.decode()
+
+
+def test_an_api_offset_past_any_database_integer_returns_an_empty_page(client, alice, seven):
+    client.force_login(alice)
+    response = client.get("/api/conversations/", {"limit": 2, "offset": "10000000000000000000"})
+    assert response.status_code == 200
+    body = response.json()
+    assert body["results"] == [] and body["next"] is None and body["previous"]
