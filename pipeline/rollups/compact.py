@@ -42,13 +42,17 @@ def compact_rollups(now: datetime | None = None) -> int:
 
 def rebuild_rollups(now: datetime | None = None) -> int:
     """Recompute every rollup from the stored calls, in one transaction; the rows written."""
+    since = kept_since(now)
+
+    def finest(started: datetime) -> str:  # memory by kept buckets, not by minutes of all time
+        return next(grain for grain in ("m", "h", "d") if since[grain] is None or started >= since[grain])
+
     with transaction.atomic():
         Rollup.objects.all().delete()
         deltas = Deltas()
         for kind, model in MODEL_OF.items():
             rows = model.objects.order_by().values(*COLUMNS[kind]).iterator(chunk_size=CHUNK)
-            deltas.add(kind, rows)
-        since = kept_since(now)
+            deltas.add(kind, rows, finest=finest)
         rows = {k: v for k, v in deltas.expanded().items() if since[k[1]] is None or k[2] >= since[k[1]]}
         write_deltas(rows)
     return len(rows)

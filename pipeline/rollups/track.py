@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import threading
 from collections import defaultdict
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime, timedelta
 from typing import Any
@@ -52,11 +52,14 @@ class Deltas:
     def __init__(self) -> None:
         self.by_key: dict[Key, Figures] = defaultdict(Figures)
 
-    def add(self, kind: str, rows: Iterable[dict[str, Any]], sign: int = 1) -> None:
-        """Gathered by minute; `expanded` adds each minute to its hour and day."""
+    def add(self, kind: str, rows: Iterable[dict[str, Any]], sign: int = 1,
+            finest: Callable[[datetime], str] | None = None) -> None:
+        """Gathered by minute; `expanded` adds each minute to its hour and day. With `finest`, a
+        row is gathered by the finest grain still kept at its start (a rebuild keeps no minutes
+        of old data, so it need not hold them): the hour or day start stands for its minute."""
         for row in rows:
             name, started, figures = contribution(kind, row)
-            self.by_key[(kind, "m", floor(started, "m"), name)].add(figures, sign)
+            self.by_key[(kind, "m", floor(started, finest(started) if finest else "m"), name)].add(figures, sign)
 
     def expanded(self) -> dict[Key, Figures]:
         out: dict[Key, Figures] = defaultdict(Figures)
