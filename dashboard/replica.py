@@ -1,11 +1,12 @@
 """Dashboard reads from a read replica (DATABASE_REPLICA_URL); everything else uses the primary.
 
-Only GET and HEAD requests — the dashboard's pages, fragments and read API — read the replica,
+Only GET and HEAD requests — the dashboard's pages and read API — read the replica,
 and only the trace data (the `pipeline` models other than API keys): `ReplicaReadsMiddleware`
 marks such a request, `ReplicaRouter` routes its reads. Ingest, logins, sessions, API keys,
 background work (deferred token counts, finding counts, cleanup) and management commands
 always read the primary, so nothing is ever written from a stale read and a new key or login
-works at once. A page lags the primary by the replica's delay, as a dashboard may.
+works at once. A page lags the primary by the replica's delay, as a dashboard may; its live
+fragments, fetched when the websocket says what was just committed, read the primary.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from django.db.models import Model
 from django.http import HttpRequest, HttpResponse
 
 REPLICA = "replica"
+LIVE_PATHS = ("/fragments/",)
 _reading_replica: ContextVar[bool] = ContextVar("ctxlens_reading_replica", default=False)
 # Read on the primary even during a dashboard request: keys are checked by every request and
 # must work as soon as they are made.
@@ -47,7 +49,9 @@ class ReplicaReadsMiddleware:
         self.get_response = get_response
 
     def __call__(self, request: HttpRequest) -> HttpResponse:
-        if request.method not in ("GET", "HEAD"):
+        # Live fragments follow a websocket notice of a commit on the primary: a lagging replica
+        # would miss it, and no second notice comes.
+        if request.method not in ("GET", "HEAD") or request.path.startswith(LIVE_PATHS):
             return self.get_response(request)
         token = _reading_replica.set(True)
         try:

@@ -133,8 +133,9 @@ SERVER_COMMANDS: dict[str, Callable[[int], list[str]]] = {
 
 def server_env(extra_env: dict[str, str] | None = None) -> dict[str, str]:
     """The environment of a server process on this run's test database, with DEBUG off as shipped
-    (whatever the shell running the tests exports) unless `extra_env` sets it."""
-    inherited = {name: value for name, value in os.environ.items() if name != "DEBUG"}
+    (whatever the shell running the tests exports) unless `extra_env` sets it, and no read replica
+    (a developer's would hold other data) unless `extra_env` names one."""
+    inherited = {name: value for name, value in os.environ.items() if name not in ("DEBUG", "DATABASE_REPLICA_URL")}
     return {**inherited, "DATABASE_URL": test_database_url(), "PYTHONUNBUFFERED": "1",
             "CTXLENS_ARTIFACT_CLEANUP_INTERVAL_S": "0",  # as no_periodic_artifact_cleanup
             **(extra_env or {})}

@@ -29,8 +29,12 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 from pipeline.conf import ctxlens_config
 from pipeline.ingest import service
 from pipeline.ingest.service import Failed, IngestRequest, Kind, Rejected
+from pipeline.ingest.write.writer_threads import keep_connections_on
 
 logger = logging.getLogger(__name__)
+
+THREAD_PREFIX = "otlp-grpc"
+keep_connections_on(THREAD_PREFIX)  # the server's workers live as long as it does
 
 SERVICE = "opentelemetry.proto.collector.trace.v1.TraceService"
 DEFAULT_PORT = 4317
@@ -93,7 +97,7 @@ def build_server(
     """
     max_bytes = ctxlens_config().max_ingest_bytes
     server = grpc.server(
-        futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="otlp-grpc"),
+        futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix=THREAD_PREFIX),
         options=[
             ("grpc.max_receive_message_length", max_bytes + RECEIVE_SLACK_BYTES),
             ("grpc.max_send_message_length", 4 * 1024 * 1024),

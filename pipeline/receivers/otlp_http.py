@@ -19,7 +19,9 @@ not retry 500).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -32,7 +34,7 @@ from pipeline.ingest import service
 from pipeline.ingest.decode import otlp
 from pipeline.ingest.service import Failed, IngestRequest, Kind, Outcome, Rejected
 from pipeline.ingest.write import deferred
-from pipeline.ingest.write.writer_threads import writer
+from pipeline.ingest.write.writer_threads import keep_connections_on, writer
 from pipeline.insight import finding_counts
 
 ADMITTED_KEY = "ctxlens.admitted_key"  # ASGI scope entry: the ApiKey otlp_router already admitted
@@ -76,10 +78,18 @@ def outcome_reply(outcome: Outcome, content_type: str, logs: bool) -> Reply:
     return Reply(200, otlp.export_response(content_type, rejected, message, logs=logs), content_type)
 
 
+# The threads that decode and authenticate OTLP requests: a pool as large as asyncio's default
+# executor, whose threads keep their database connection (pipeline.ingest.write.writer_threads).
+THREAD_PREFIX = "ctxlens-otlp"
+WORKERS = min(32, (os.cpu_count() or 1) + 4)
+_workers = ThreadPoolExecutor(max_workers=WORKERS, thread_name_prefix=THREAD_PREFIX)
+keep_connections_on(THREAD_PREFIX)
+
+
 def off_the_loop(work: Callable[..., T]) -> Callable[..., Awaitable[T]]:
-    """`work` on a worker thread, with that thread's database connections checked before and
-    closed after as Django does around a request (CONN_MAX_AGE, CONN_HEALTH_CHECKS): a
-    connection a database restart broke is replaced instead of failing every later request."""
+    """`work` on a worker thread, with that thread's database connection checked before and
+    released after as Django does around a request (CONN_HEALTH_CHECKS): a connection a database
+    restart broke is replaced instead of failing every later request."""
 
     def run(*args: Any, **kwargs: Any) -> T:
         close_old_connections()
@@ -88,7 +98,7 @@ def off_the_loop(work: Callable[..., T]) -> Callable[..., Awaitable[T]]:
         finally:
             close_old_connections()
 
-    return sync_to_async(run, thread_sensitive=False)
+    return sync_to_async(run, thread_sensitive=False, executor=_workers)
 
 
 def on_writer(work: Callable[[], Any]) -> Any:

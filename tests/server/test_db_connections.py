@@ -2,8 +2,8 @@
 
 Under ASGI Django runs each request's sync code on a thread of its own; a connection kept past
 the request (CONN_MAX_AGE) stays open in a thread that is gone, one per request, until
-PostgreSQL refuses new clients ("too many clients already"). Only the ingest writer thread,
-which lives as long as the process, keeps its connection.
+PostgreSQL refuses new clients ("too many clients already"). Only the threads of long-lived
+pools (the ingest writers, the OTLP receivers' workers) keep theirs.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from opentelemetry.sdk.trace.export import SpanExportResult
 
 from pipeline.ingest.write.writer_threads import POSTGRES_WRITERS
 from pipeline.models.apikeys import Scope
+from pipeline.receivers import otlp_http
 from tests.agent_traces import record_turns
 from tests import conftest
 from tests.otlp_support import auth, make_key
@@ -43,5 +44,6 @@ def test_requests_leave_no_connection_behind(uvicorn_factory):
     exporter = OTLPSpanExporter(endpoint=f"{server.url}/v1/traces", headers=auth(key))
     for i in range(20):
         assert exporter.export(record_turns(f"conversation-{i}")) == SpanExportResult.SUCCESS
-    # The writer threads keep theirs; the threads that decode and authenticate do not.
-    assert server_connections(name) <= POSTGRES_WRITERS + 3
+    # Only the long-lived pools keep theirs: the writer threads and the threads that decode and
+    # authenticate OTLP requests.
+    assert server_connections(name) <= POSTGRES_WRITERS + otlp_http.WORKERS + 1

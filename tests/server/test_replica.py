@@ -39,7 +39,7 @@ def manage(database_url: str, *args: str) -> str:
                           env={**server_env(), "DATABASE_URL": database_url}).stdout
 
 
-def test_the_dashboard_reads_trace_data_from_the_replica_and_the_rest_from_the_primary(
+def test_the_read_api_reads_trace_data_from_the_replica_and_the_rest_from_the_primary(
         uvicorn_factory, tmp_path, alice):
     replica_url = f"sqlite:///{tmp_path / 'replica.sqlite3'}"
     manage(replica_url, "migrate", "--no-input")
@@ -56,10 +56,11 @@ def test_the_dashboard_reads_trace_data_from_the_replica_and_the_rest_from_the_p
     listed = json.loads(get(server, "/api/conversations/", auth(key)))
     assert [c["external_id"] for c in listed["results"]] == ["only-on-the-replica"]
 
+    # Live fragments follow a websocket notice of a commit on the primary, so they read it there.
     browser = Client()
     browser.force_login(alice)  # the session lives on the primary
     rows = get(server, "/fragments/conversations/", {"Cookie": f"sessionid={browser.cookies['sessionid'].value}"})
-    assert "only-on-the-replica" in rows and "only-on-the-primary" not in rows
+    assert "only-on-the-primary" in rows and "only-on-the-replica" not in rows
 
 
 def test_without_a_replica_the_dashboard_reads_the_primary(live_uvicorn):
