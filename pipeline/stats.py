@@ -135,15 +135,19 @@ def tool_calls_in(
     tool_name: str | None = None,
 ) -> QuerySet[ToolCall]:
     """Tool calls started in [since, until), optionally of one conversation or one tool."""
-    qs = ToolCall.objects.all()
+    qs = started_in(ToolCall.objects.all(), since=since, until=until, conversation_id=conversation_id)
+    return qs.filter(tool_name=tool_name) if tool_name else qs
+
+
+def started_in(qs: QuerySet, *, since: datetime | None, until: datetime | None,
+               conversation_id: int | None) -> QuerySet:
+    """Calls of `qs` started in [since, until), optionally of one conversation."""
     if since is not None:
         qs = qs.filter(started_at__gte=since)
     if until is not None:
         qs = qs.filter(started_at__lt=until)
     if conversation_id is not None:
         qs = qs.filter(conversation_id=conversation_id)
-    if tool_name:
-        qs = qs.filter(tool_name=tool_name)
     return qs
 
 

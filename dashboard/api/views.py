@@ -70,6 +70,13 @@ def query_params(request: Request, serializer_class: type[serializers.Serializer
     return serializer.validated_data
 
 
+def window_start(params: dict[str, Any]) -> datetime | None:
+    """`since`, or now minus `window` when the query gives one (statistics queries)."""
+    if params.get("window") is not None:
+        return timezone.now() - params["window"]
+    return params.get("since")
+
+
 def in_range(qs: QuerySet, field: str, since: datetime | None, until: datetime | None) -> QuerySet:
     if since is not None:
         qs = qs.filter(**{f"{field}__gte": since})
@@ -197,9 +204,7 @@ class ToolStatsView(ReadApi, APIView):
     )
     def get(self, request: Request) -> Response:
         params = query_params(request, s.ToolStatsQuery)
-        since = params.get("since")
-        if params.get("window") is not None:
-            since = timezone.now() - params["window"]
+        since = window_start(params)
         if params.get("conversation") is None:  # a time window: from the rollups
             found = window_tool_stats(since=since, until=params.get("until"), tool_name=params.get("tool"))
         else:
@@ -218,9 +223,7 @@ class ModelStatsView(ReadApi, APIView):
     )
     def get(self, request: Request) -> Response:
         params = query_params(request, s.ModelStatsQuery)
-        since = params.get("since")
-        if params.get("window") is not None:
-            since = timezone.now() - params["window"]
+        since = window_start(params)
         if params.get("conversation") is None:  # a time window: from the rollups
             usage = window_model_usage(since=since, until=params.get("until"), model=params.get("model"))
         else:

@@ -17,6 +17,7 @@ from django.db.models import Count, Q, QuerySet, Sum
 from pipeline.models import LLMCall
 from pipeline.rollups.figures import MODEL, Figures
 from pipeline.rollups.read import figures_by_name
+from pipeline.stats import started_in
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,16 +44,8 @@ def llm_calls_in(
     model: str | None = None,
 ) -> QuerySet[LLMCall]:
     """LLM calls started in [since, until), optionally of one conversation or one model."""
-    qs = LLMCall.objects.all()
-    if since is not None:
-        qs = qs.filter(started_at__gte=since)
-    if until is not None:
-        qs = qs.filter(started_at__lt=until)
-    if conversation_id is not None:
-        qs = qs.filter(conversation_id=conversation_id)
-    if model:
-        qs = qs.filter(model=model)
-    return qs
+    qs = started_in(LLMCall.objects.all(), since=since, until=until, conversation_id=conversation_id)
+    return qs.filter(model=model) if model else qs
 
 
 def window_model_usage(
