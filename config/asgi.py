@@ -9,10 +9,13 @@ from __future__ import annotations
 import gc
 import os
 
-from django.core.asgi import get_asgi_application
+import django
+
+from pipeline.receivers.asgi_handler import CycleFreeASGIHandler
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
-django_asgi_app = get_asgi_application()
+django.setup(set_prefix=False)  # what django.core.asgi.get_asgi_application does, with our handler
+django_asgi_app = CycleFreeASGIHandler()
 
 # Imported after Django is set up: these import models.
 from channels.auth import AuthMiddlewareStack  # noqa: E402

@@ -28,11 +28,11 @@ import asyncio
 import json
 from typing import Any
 
-from django.core.handlers.asgi import ASGIHandler
 from django.core.handlers.exception import convert_exception_to_response
 
 from pipeline.conf import ctxlens_config
 from pipeline.ingest import service
+from pipeline.receivers.asgi_handler import CycleFreeASGIHandler
 from pipeline.receivers.otlp_http import ADMITTED_KEY, Reply, failure_reply, off_the_loop
 
 GUARDED_PATHS = frozenset({"/v1/traces", "/v1/logs", "/v1/metrics"})
@@ -41,7 +41,7 @@ REST = "rest"  # not a media type: the refusals of REST_PATH are DRF-style JSON
 BODY_IDLE_SECONDS = 30.0
 
 
-class BareASGIHandler(ASGIHandler):
+class BareASGIHandler(CycleFreeASGIHandler):
     """Django's ASGI handler with no middleware: URL resolution, the view, request signals."""
 
     def load_middleware(self, is_async: bool = False) -> None:
