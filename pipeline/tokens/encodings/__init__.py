@@ -17,7 +17,7 @@ registering clears the counting caches so the next count uses it.
 an OpenAI model uses, or None when the table does not know the model.
 
 A built-in encoding is loaded when text is first counted with it, once per process however many
-threads ask at the same moment (``LazyCounter``): each costs about a second of CPU and 40–75 MB,
+threads ask at the same moment (``LazyCounter``): each costs about a second of CPU and 35–45 MB,
 and what a model's profile needs besides (its window, whether it counts exactly) does not need it.
 """
 
@@ -145,7 +145,11 @@ def tiktoken_encoding(name: str) -> tiktoken.Encoding:
 
 @cache
 def _load(name: str) -> tiktoken.Encoding:
-    return BUILTIN[name]()
+    encoding = BUILTIN[name]()
+    # tiktoken's Rust core holds its own copy of the ranks; the Python dict the Encoding keeps
+    # besides serves only pickling (o200k: 27 MB of the server's memory). Counting never pickles.
+    encoding._mergeable_ranks = {}
+    return encoding
 
 
 def get_encoder(name: str) -> Encoder:
