@@ -29,9 +29,11 @@ from __future__ import annotations
 import json
 import re
 from collections import defaultdict, deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
+from itertools import groupby
+from operator import itemgetter
 from typing import Any
 
 from django.db.models import ExpressionWrapper, F, FloatField, Q, TextField
@@ -40,12 +42,17 @@ from django.db.models.functions import Cast, Coalesce, NullIf
 from pipeline.insight.diff import Compressions, extends, shares_a_message
 from pipeline.models import CompressionEvent, LLMCall, ToolCall
 
+CALL_FIELDS = ("id", "started_at", "input_tokens", "round_id", "model", "context_tokens", "context_window",
+               "output_digest")
 TOOL_FIELDS = ("round_id", "llm_call_id", "started_at", "tool_name", "tool_call_id", "arguments",
                "observation_tokens", "success", "error_type", "error_code", "error_message", "retry_count")
 STREAM_LOOKBACK = 16  # earlier calls with the same first message a call may follow
 # A window of a conversation's calls (a page of its turns) is read with this many calls before it:
 # what its first calls follow. A stream whose previous call lies further back starts there.
 WINDOW_LOOKBACK = 32
+# read_conversations fetches the LLM calls of its conversations this many rows at a time: their
+# input texts are the bulk of what is read, and only one conversation's are kept at once.
+CALL_ROWS_FETCHED = 200
 
 Entry = dict[str, Any]
 _DECODER = json.JSONDecoder()
@@ -120,20 +127,56 @@ def read_conversation(conversation_id: int, since: datetime | None = None,
         span &= Q(started_at__gte=start)
     if until is not None:
         span &= Q(started_at__lt=until)
-    rows = (LLMCall.objects.filter(span, conversation_id=conversation_id).order_by("started_at", "id")
-            .annotate(input_text=_input_text())
-            .values_list("id", "started_at", "input_tokens", "round_id", "model", "context_tokens", "context_window",
-                         "output_digest", "input_text"))
-    calls, texts = [], []
-    for *columns, output, text in rows:
-        calls.append(CallRow(*columns, entries(output)))
-        texts.append(text)
-    read_streams(calls, texts)
+    calls = call_rows(LLMCall.objects.filter(span, conversation_id=conversation_id).order_by("started_at", "id")
+                      .annotate(input_text=_input_text()).values_list(*CALL_FIELDS, "input_text"))
     tools = [ToolRow(*row) for row in ToolCall.objects.filter(span, conversation_id=conversation_id)
              .order_by("started_at", "id").values_list("id", *TOOL_FIELDS)]
     before = 0 if start is None else LLMCall.objects.filter(conversation_id=conversation_id,
                                                              started_at__lt=start).count()
     return ConversationRows(calls, tools, read_compressions(conversation_id, start), before)
+
+
+def read_conversations(conversation_ids: Iterable[int]) -> Iterator[tuple[int, ConversationRows]]:
+    """(id, what `read_conversation(id)` reads) for each of the conversations, whole, in id order:
+    three queries for them all, one per table. The LLM calls come in one query ordered by
+    conversation and time, fetched CALL_ROWS_FETCHED rows at a time, and each conversation is
+    yielded as soon as its calls are read, so only one conversation's inputs are held at once
+    (its tool calls and compressions are read for all of them up front: they hold no digests)."""
+    ids = sorted(set(conversation_ids))
+    if not ids:
+        return
+    tools: dict[int, list[ToolRow]] = defaultdict(list)
+    for conversation_id, *columns in (ToolCall.objects.filter(conversation_id__in=ids)
+                                      .order_by("conversation_id", "started_at", "id")
+                                      .values_list("conversation_id", "id", *TOOL_FIELDS)):
+        tools[conversation_id].append(ToolRow(*columns))
+    compressions: dict[int, list[tuple[datetime, int | None]]] = defaultdict(list)
+    for conversation_id, *event in (CompressionEvent.objects.filter(conversation_id__in=ids)
+                                    .values_list("conversation_id", "occurred_at", "llm_call_id")):
+        compressions[conversation_id].append(tuple(event))
+    rows = (LLMCall.objects.filter(conversation_id__in=ids).order_by("conversation_id", "started_at", "id")
+            .annotate(input_text=_input_text()).values_list("conversation_id", *CALL_FIELDS, "input_text")
+            .iterator(chunk_size=CALL_ROWS_FETCHED))
+    by_conversation = groupby(rows, key=itemgetter(0))
+    group = next(by_conversation, None)
+    for conversation_id in ids:
+        calls: list[CallRow] = []
+        if group is not None and group[0] == conversation_id:
+            calls = call_rows(row[1:] for row in group[1])
+            group = next(by_conversation, None)
+        yield conversation_id, ConversationRows(calls, tools.pop(conversation_id, []),
+                                                Compressions.of(compressions.pop(conversation_id, ())))
+
+
+def call_rows(rows: Iterable[tuple]) -> list[CallRow]:
+    """CallRows, with their inputs and streams read, from rows of CALL_FIELDS and the input's
+    JSON text, in time order."""
+    calls, texts = [], []
+    for *columns, output, text in rows:
+        calls.append(CallRow(*columns, entries(output)))
+        texts.append(text)
+    read_streams(calls, texts)
+    return calls
 
 
 def lookback_start(conversation_id: int, before: Q, lookback: int) -> datetime | None:

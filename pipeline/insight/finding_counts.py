@@ -41,11 +41,12 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from django.db import connections, transaction
+from django.db import connection, connections, transaction
 
 from pipeline.ingest.write import sql
 from pipeline.ingest.write.writer_threads import writer
-from pipeline.insight.findings import conversation_findings, finding_counts
+from pipeline.insight.conversation_rows import ConversationRows, read_conversations
+from pipeline.insight.findings import conversation_findings, finding_counts, findings_of
 from pipeline.models import Conversation
 from pipeline.signals import IngestChanges, empty_changes, ingest_committed
 
@@ -81,36 +82,55 @@ class Counted:
 
 
 def count_some(limit: int = CHUNK) -> list[Counted]:
-    """Compute the counts of up to `limit` stale conversations (reads only, outside any transaction)."""
+    """Compute the counts of up to `limit` stale conversations (reads only, outside any transaction):
+    a constant number of queries for them all (read_conversations)."""
     stale = list(Conversation.objects.filter(findings_stale__gt=0).order_by("id")
                  .only("id", "model", "findings_stale")[:limit])
-    counted = []
+    by_id = {conversation.pk: conversation for conversation in stale}
+    counts: dict[int, dict[str, int]] = {}
+    try:
+        for conversation_id, rows in read_conversations(by_id):
+            counts[conversation_id] = _counts(by_id[conversation_id], rows)
+    except Exception:  # a conversation whose rows cannot be read: it and those after it are read one by one
+        logger.exception("reading the stale conversations %s together failed; reading them one by one", list(by_id))
     for conversation in stale:
-        try:
-            counts = finding_counts(conversation_findings(conversation))
-        except Exception:  # one conversation that cannot be read must not hold up the others
-            logger.exception("finding counts of conversation %s failed; stored as none", conversation.pk)
-            counts = {}
-        counted.append(Counted(conversation.pk, conversation.findings_stale, counts))
-    return counted
+        if conversation.pk not in counts:
+            counts[conversation.pk] = _counts(conversation)
+    return [Counted(c.pk, c.findings_stale, counts[c.pk]) for c in stale]
+
+
+def _counts(conversation: Conversation, rows: ConversationRows | None = None) -> dict[str, int]:
+    """The conversation's counts, from its `rows` when read already; none when that fails."""
+    try:
+        found = conversation_findings(conversation) if rows is None else findings_of(conversation, rows)
+        return finding_counts(found)
+    except Exception:  # one conversation that cannot be read must not hold up the others
+        logger.exception("finding counts of conversation %s failed; stored as none", conversation.pk)
+        return {}
 
 
 def write_counts(counted: list[Counted]) -> list[int]:
-    """Store the counts; the ids of the conversations whose counts changed, announced after commit."""
-    changed: list[int] = []
+    """Store the counts; the ids of the conversations whose counts changed, announced after commit.
+
+    Only counts computed at a conversation's latest mark are stored (and clear it); a conversation
+    changed since keeps its mark and is counted again. Which those are is read under the rows'
+    locks (PostgreSQL; SQLite's transactions take the one write lock at BEGIN), so no mark can
+    change between that read and the UPDATE, which still checks the mark: one executemany.
+    """
+    ids = [c.conversation_id for c in counted]
     with transaction.atomic():
-        sql.lock_rows(Conversation, [c.conversation_id for c in counted])
-        stored = dict(Conversation.objects.filter(pk__in=[c.conversation_id for c in counted])
-                      .values_list("id", "finding_counts"))
-        for c in counted:
-            if c.conversation_id not in stored:
-                continue  # deleted meanwhile
-            # Only counts computed at the latest mark are stored (and clear it); a conversation
-            # changed since keeps its mark and is counted again.
-            written = Conversation.objects.filter(pk=c.conversation_id, findings_stale=c.stale).update(
-                finding_counts=c.counts, finding_count=sum(c.counts.values()), findings_stale=0)
-            if written and stored[c.conversation_id] != c.counts:
-                changed.append(c.conversation_id)
+        sql.lock_rows(Conversation, ids)
+        stored = {pk: (stale, counts) for pk, stale, counts in Conversation.objects.filter(pk__in=ids)
+                  .values_list("id", "findings_stale", "finding_counts")}
+        current = [c for c in counted if c.conversation_id in stored and stored[c.conversation_id][0] == c.stale]
+        if current:
+            json = sql.Prepare().json
+            with connection.cursor() as cursor:
+                cursor.executemany(
+                    f"UPDATE {sql.table(Conversation)} SET finding_counts = %s, finding_count = %s, "
+                    "findings_stale = 0 WHERE id = %s AND findings_stale = %s",
+                    [(json(c.counts), sum(c.counts.values()), c.conversation_id, c.stale) for c in current])
+        changed = [c.conversation_id for c in current if stored[c.conversation_id][1] != c.counts]
         if changed:
             changes = empty_changes()
             changes["conversation_ids"] = changed

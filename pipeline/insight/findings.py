@@ -1,6 +1,8 @@
 """What is wrong with a conversation's context: findings computed from its stored calls.
 
     findings = conversation_findings(conversation)   # [Finding(code, severity, message, ...)]
+    for conversation_id, rows in read_conversations(ids):   # many at once, the same findings
+        findings = findings_of(conversations[conversation_id], rows)
 
 Every check reads the calls' message digests (pipeline.ingest.normalise.digest) and a few
 columns, never the messages, observations or compression bodies, which can be megabytes: three
@@ -61,6 +63,7 @@ from pipeline.conf import ctxlens_config
 from pipeline.insight.conversation_rows import (
     WINDOW_LOOKBACK,
     CallRow,
+    ConversationRows,
     Entry,
     ToolRow,
     full_call_from,
@@ -135,8 +138,7 @@ def conversation_findings(conversation: Conversation, since: datetime | None = N
     of full calls counts the calls read only).
     """
     if since is None and until is None:
-        rows = read_conversation(conversation.pk)
-        return _Checks(conversation, rows.calls, rows.tools, rows.compressions).run()
+        return findings_of(conversation, read_conversation(conversation.pk))
     rows = read_conversation(conversation.pk, since, until, lookback=WINDOW_LOOKBACK)
     checks = _Checks(conversation, rows.calls, rows.tools, rows.compressions, rows.calls_before)
     # near_window_limit is about the latest full call since the last compression: not a call of
@@ -145,6 +147,12 @@ def conversation_findings(conversation: Conversation, since: datetime | None = N
     checks.full_later = until is not None and full_call_from(conversation.pk, until, NEAR_WINDOW_SHARE)
     found = checks.run()
     return [f for f in found if f.at is None or ((since is None or f.at >= since) and (until is None or f.at < until))]
+
+
+def findings_of(conversation: Conversation, rows: ConversationRows) -> list[Finding]:
+    """Every finding of `conversation` from all of its rows, as read by read_conversation(id) or, for
+    many conversations in a few queries, read_conversations(ids): conversation_findings(conversation)."""
+    return _Checks(conversation, rows.calls, rows.tools, rows.compressions).run()
 
 
 def _ids(digest: list[Entry], key: str) -> list[str]:
