@@ -167,7 +167,7 @@ def reset_sequences(*models) -> None:
 
 # Plan nodes that read all their input before giving a row: a LIMIT above one does not stop
 # the scans below it early.
-BLOCKING = ("Sort", "Incremental Sort", "Hash", "Materialize", "WindowAgg", "SetOp", "Gather Merge")
+BLOCKING = ("Sort", "Hash", "Materialize", "WindowAgg", "SetOp", "Gather Merge")
 
 
 def _plan_nodes(node: dict, limited: bool = False) -> Iterator[tuple[dict, bool]]:
