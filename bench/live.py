@@ -273,7 +273,7 @@ def populate(total_spans: int) -> int:
     Spread over the last 30 days, so the 24-hour window of the overview holds about 1/30 of it.
     Returns the id of a conversation active in the last hour.
     """
-    from django.db import connection, transaction
+    from django.db import transaction
 
     from django.db.models import Max
 

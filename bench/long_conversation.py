@@ -56,7 +56,7 @@ def _message(role: str, text: str) -> dict:
 
 def populate(turns: int, llm_calls: int, tool_calls: int) -> int:
     """The long conversation's rows; returns its id."""
-    from django.db import connection, transaction
+    from django.db import transaction
     from live import analyze, bulk_insert, fast_writes, reset_sequences
 
     from pipeline.models import CompressionEvent, Conversation, LLMCall, Round, ToolCall
