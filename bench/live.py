@@ -1,7 +1,7 @@
 """Live dashboard figures: ingest-to-browser latency, and page time with 1,000,000 stored spans.
 
 1. Latency from an OTLP POST to the websocket message in connected clients, p50/p95, with 1
-   and with 50 clients on /ws/live/. A real daphne on a fresh temporary SQLite database; each
+   and with 50 clients on /ws/live/. A real daphne on a fresh temporary database; each
    sample is one agent turn (invoke_agent → chat, execute_tool) encoded by the OpenTelemetry
    SDK's OTLP encoder and POSTed to /v1/traces; the clock runs from just before the POST to the
    arrival, in each client, of the first message naming the new conversation. Posts are spaced
@@ -10,18 +10,25 @@
    spans/s meanwhile, and the rate the server actually accepted is printed.
 2. Server time of the overview and of a conversation page with 1,000,000 stored spans (plus
    the round, LLM-call, tool-call, compression and conversation rows they stand for),
-   bulk-inserted into a temporary SQLite database; pages rendered in-process through Django's
-   test client; every query they run is checked with EXPLAIN QUERY PLAN for full scans.
+   bulk-inserted into a temporary database (COPY on PostgreSQL), then ANALYZEd; pages rendered
+   in-process through Django's test client; every query they run is checked for full scans of
+   the big tables (bench/bench_db.py's full_scans: EXPLAIN QUERY PLAN on SQLite, EXPLAIN (FORMAT
+   JSON) on PostgreSQL).
+
+The database is a temporary SQLite file, or, with DATABASE_URL=postgres://…, a database the
+bench creates on that server and drops after (bench/bench_db.py):
 
     .venv/bin/python bench/live.py                     # both parts
     .venv/bin/python bench/live.py --part latency --samples 40 --clients 1,50
     .venv/bin/python bench/live.py --part latency --clients 200 --load 1000   # under ingest load
     .venv/bin/python bench/live.py --part pages --spans 1000000
     .venv/bin/python bench/live.py --part pages --spans 1000000 --base <commit>   # before and after
+    DATABASE_URL=postgres://postgres@127.0.0.1:5432/postgres .venv/bin/python bench/live.py --part pages --spans 1000000
 
 The rows are bulk-inserted, so their rollups (pipeline.rollups) are built after with
 rebuild_rollups, as ingest would have kept them. With --base, that commit's tree (a temporary
-git worktree) measures the pages on the same database first, then this checkout does.
+git worktree) measures the pages on the same database first, then this checkout does (SQLite
+only: the base commit's bench builds its own SQLite database).
 """
 
 from __future__ import annotations
@@ -44,15 +51,16 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from bench.bench_db import (  # noqa: E402  (bench/long_conversation.py imports these from here)
+    analyze, bench_database, bulk_insert, engine_name, fast_writes, full_scans, reproduce_prefix, reset_sequences,
+)
 from bench.trees import checkout, short  # noqa: E402
-BIG_TABLES = ("pipeline_span", "pipeline_llmcall", "pipeline_toolcall", "pipeline_round", "pipeline_conversation",
-              "pipeline_compressionevent", "pipeline_rollup")
 
 
-def setup_django(data_dir: Path) -> dict[str, str]:
+def setup_django(data_dir: Path, database_url: str) -> dict[str, str]:
     env = {
         "DJANGO_SETTINGS_MODULE": "config.settings", "CTXLENS_DATA_DIR": str(data_dir),
-        "DATABASE_URL": f"sqlite:///{data_dir / 'bench.sqlite3'}", "DEBUG": "0", "LOG_LEVEL": "WARNING",
+        "DATABASE_URL": database_url, "DEBUG": "0", "LOG_LEVEL": "WARNING",
         "ALLOWED_HOSTS": "127.0.0.1,localhost,testserver",
     }
     os.environ.update(env)
@@ -259,43 +267,13 @@ def measure_latency(env: dict[str, str], clients: int, posts: int, spans_per_s: 
 
 # --- 2. page time with many spans ---------------------------------------------------------
 
-def _adapt(value: object) -> object:
-    if isinstance(value, datetime):
-        return value.astimezone(timezone.utc).replace(tzinfo=None).isoformat(" ")
-    if isinstance(value, (dict, list)):
-        return json.dumps(value)
-    return value
-
-
-def bulk_insert(model, rows: list[dict]) -> None:
-    """Plain executemany with every column (defaults filled in): far faster than bulk_create."""
-    from django.db import connection
-    from django.db.models import NOT_PROVIDED
-
-    fields = [f for f in model._meta.concrete_fields if not f.primary_key]
-    defaults = {}
-    for f in fields:
-        if f.default is not NOT_PROVIDED:
-            defaults[f.attname] = f.get_default()
-        elif f.null:
-            defaults[f.attname] = None
-        elif getattr(f, "auto_now_add", False) or getattr(f, "auto_now", False):
-            defaults[f.attname] = datetime.now(timezone.utc)
-        else:
-            defaults[f.attname] = ""
-    columns = ", ".join(connection.ops.quote_name(f.column) for f in fields)
-    sql = f"INSERT INTO {model._meta.db_table} ({columns}) VALUES ({', '.join('?' * len(fields))})"
-    with connection.cursor() as cursor:
-        cursor.executemany(sql, [tuple(_adapt(row.get(f.attname, defaults[f.attname])) for f in fields) for row in rows])
-
-
 def populate(total_spans: int) -> int:
     """Conversations of 5 rounds; a round is 10 spans: the turn, 2 LLM calls, 3 tool calls, 4 others.
 
     Spread over the last 30 days, so the 24-hour window of the overview holds about 1/30 of it.
     Returns the id of a conversation active in the last hour.
     """
-    from django.db import connection, transaction
+    from django.db import transaction
 
     from django.db.models import Max
 
@@ -304,8 +282,7 @@ def populate(total_spans: int) -> int:
     composition = {"system": 1500, "skills": 800, "user": 900, "assistant": 1200, "tool_observations": 9000}
     conversations = max(1, total_spans // 50)
     now = datetime.now(timezone.utc)
-    with connection.cursor() as cursor:
-        cursor.execute("PRAGMA synchronous=OFF")
+    fast_writes()
     # Ids continue after what is stored already (the latency part's conversations).
     base = Conversation.objects.aggregate(m=Max("id"))["m"] or 0
     n_round = Round.objects.aggregate(m=Max("id"))["m"] or 0
@@ -360,29 +337,9 @@ def populate(total_spans: int) -> int:
             for model, rows in ((Conversation, conv_rows), (Round, round_rows), (LLMCall, llm_rows),
                                 (ToolCall, tool_rows), (Span, span_rows), (CompressionEvent, comp_rows)):
                 bulk_insert(model, rows)
-    with connection.cursor() as cursor:
-        cursor.execute("ANALYZE")
+    reset_sequences(Conversation, Round, LLMCall)
+    analyze()  # the planner sees the real sizes
     return base + conversations  # the newest conversation: active in the last hour
-
-
-def full_scans(queries: list[dict]) -> list[str]:
-    """Queries whose plan reads a whole big table: SQLite's SCAN <table>, or SCAN <table> USING
-    INDEX (a walk of the whole index) in a query without a LIMIT to stop it early."""
-    from django.db import connection
-
-    found = []
-    with connection.cursor() as cursor:
-        for query in queries:
-            sql = query["sql"]
-            if not sql.lstrip().upper().startswith("SELECT"):
-                continue
-            cursor.execute("EXPLAIN QUERY PLAN " + sql)
-            for row in cursor.fetchall():
-                detail = row[-1]
-                big = detail.startswith("SCAN ") and any(t in detail for t in BIG_TABLES)
-                if big and ("USING" not in detail or " LIMIT " not in sql):
-                    found.append(f"{detail}  <-  {sql[:160]}")
-    return found
 
 
 def ensure_populated(total_spans: int) -> tuple[int, str]:
@@ -405,6 +362,7 @@ def ensure_populated(total_spans: int) -> tuple[int, str]:
     if not Rollup.objects.exists():
         started = time.perf_counter()
         rows = rebuild_rollups()
+        analyze(Rollup._meta.db_table)
         done += f"; built {rows:,} rollup rows in {time.perf_counter() - started:.0f} s"
     return newest, done
 
@@ -461,35 +419,43 @@ def main() -> None:
     parser.add_argument("--verbose", action="store_true", help="print each page's slowest query")
     parser.add_argument("--base", help="pages part: measure this commit's tree first, on the same database")
     args = parser.parse_args()
-    print(f"# .venv/bin/python bench/live.py {' '.join(shlex.quote(a) for a in sys.argv[1:])}".rstrip())
+    if args.base and engine_name() != "SQLite":
+        parser.error("--base measures on SQLite only: the base commit's bench/live.py builds its own SQLite database")
+    print(f"# {reproduce_prefix()}.venv/bin/python bench/live.py {' '.join(shlex.quote(a) for a in sys.argv[1:])}".rstrip())
     print(f"# {os.cpu_count()} CPUs shared with other engineers' work while measuring: treat as noisy upper bounds")
+    print(f"# {engine_name()}")
     with tempfile.TemporaryDirectory(prefix="ctxlens-bench-live-") as tmp:
         if args.keep:
             Path(args.keep).mkdir(parents=True, exist_ok=True)
-        env = setup_django(Path(args.keep or tmp))
-        if args.part in ("latency", "all"):
-            for clients in (int(c) for c in args.clients.split(",")):
-                samples = measure_latency(env, clients, args.samples, args.load)
-                under = f" under {args.load:,} spans/s" if args.load else ""
-                print(f"OTLP POST -> websocket message{under}, {clients:>2} client(s): p50 {percentile(samples, .5) * 1000:6.1f} ms"
-                      f"  p95 {percentile(samples, .95) * 1000:6.1f} ms  (mean {statistics.mean(samples) * 1000:.1f} ms,"
-                      f" {len(samples)} deliveries)")
-        if args.part in ("pages", "all"):
-            if args.base:
-                print(ensure_populated(args.spans)[1])
-                print(f"## base {short(args.base)}", flush=True)
-                with checkout(args.base) as base:
-                    # each tree renders with its own static files' manifest (DEBUG off)
-                    subprocess.run([sys.executable, "manage.py", "collectstatic", "--no-input", "--verbosity", "0"],
-                                   cwd=base, env=env, check=True)
-                    subprocess.run([sys.executable, "bench/live.py", "--part", "pages", "--spans", str(args.spans),
-                                    "--repeat", str(args.repeat), "--keep", str(Path(args.keep or tmp))]
-                                   + (["--verbose"] if args.verbose else []), cwd=base, check=True)
-                print("## this checkout", flush=True)
+        with bench_database(Path(args.keep or tmp), keep=args.keep) as database_url:
+            run(args, Path(args.keep or tmp), database_url)
+
+
+def run(args: argparse.Namespace, tmp: Path, database_url: str) -> None:
+    env = setup_django(tmp, database_url)
+    if args.part in ("latency", "all"):
+        for clients in (int(c) for c in args.clients.split(",")):
+            samples = measure_latency(env, clients, args.samples, args.load)
+            under = f" under {args.load:,} spans/s" if args.load else ""
+            print(f"OTLP POST -> websocket message{under}, {clients:>2} client(s): p50 {percentile(samples, .5) * 1000:6.1f} ms"
+                  f"  p95 {percentile(samples, .95) * 1000:6.1f} ms  (mean {statistics.mean(samples) * 1000:.1f} ms,"
+                  f" {len(samples)} deliveries)")
+    if args.part in ("pages", "all"):
+        if args.base:
+            print(ensure_populated(args.spans)[1])
+            print(f"## base {short(args.base)}", flush=True)
+            with checkout(args.base) as base:
+                # each tree renders with its own static files' manifest (DEBUG off)
                 subprocess.run([sys.executable, "manage.py", "collectstatic", "--no-input", "--verbosity", "0"],
-                               cwd=ROOT, env=env, check=True)
-            for line in measure_pages(args.spans, args.repeat, args.verbose):
-                print(line)
+                               cwd=base, env=env, check=True)
+                subprocess.run([sys.executable, "bench/live.py", "--part", "pages", "--spans", str(args.spans),
+                                "--repeat", str(args.repeat), "--keep", str(tmp)]
+                               + (["--verbose"] if args.verbose else []), cwd=base, check=True)
+            print("## this checkout", flush=True)
+            subprocess.run([sys.executable, "manage.py", "collectstatic", "--no-input", "--verbosity", "0"],
+                           cwd=ROOT, env=env, check=True)
+        for line in measure_pages(args.spans, args.repeat, args.verbose):
+            print(line)
 
 
 if __name__ == "__main__":

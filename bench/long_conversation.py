@@ -2,12 +2,13 @@
 
 A conversation of --turns turns (2,000) with --llm-calls LLM calls and --tool-calls tool calls
 (10,000 each: 20,000 calls, 5 of each per turn) is bulk-inserted (bench/live.py's bulk_insert)
-into a fresh SQLite database; every LLM call carries the input and output digests the findings
+into a fresh database; every LLM call carries the input and output digests the findings
 read (the history since the last compression, one compression every 5 turns), a short input and
 output (3 messages) and its context composition; bench/live.py's populate stores --spans
 spans of other, short conversations beside it (100,000). Then each URL is fetched --repeat times
 in-process through Django's test client, after one warm-up, and every query it ran is checked
-with EXPLAIN QUERY PLAN for full scans (bench/live.py's full_scans):
+for full scans (bench/bench_db.py's full_scans: EXPLAIN QUERY PLAN on SQLite, EXPLAIN (FORMAT
+JSON) on PostgreSQL):
 
 - the conversation page, as opened (the latest turns);
 - the live fragments the page's script fetches when a turn changes (`?rounds=<id>`) and after a
@@ -18,7 +19,11 @@ The base commit (--base) is measured first in a temporary worktree (bench/trees.
 same data built by its own migrations, then this checkout; the table gives p50/p95 of each and
 the ratio base/this of the p50s.
 
+Each tree's database is a temporary SQLite file, or, with DATABASE_URL=postgres://…, a database
+its worker creates on that server (COPY-loaded, ANALYZEd) and drops after (bench/bench_db.py).
+
     .venv/bin/python bench/long_conversation.py [--base 41c9637] [--turns 2000] [--spans 100000] [--repeat 15]
+    DATABASE_URL=postgres://postgres@127.0.0.1:5432/postgres .venv/bin/python bench/long_conversation.py --base ''
 """
 
 from __future__ import annotations
@@ -51,13 +56,12 @@ def _message(role: str, text: str) -> dict:
 
 def populate(turns: int, llm_calls: int, tool_calls: int) -> int:
     """The long conversation's rows; returns its id."""
-    from django.db import connection, transaction
-    from live import bulk_insert
+    from django.db import transaction
+    from live import analyze, bulk_insert, fast_writes, reset_sequences
 
     from pipeline.models import CompressionEvent, Conversation, LLMCall, Round, ToolCall
 
-    with connection.cursor() as cursor:
-        cursor.execute("PRAGMA synchronous=OFF")
+    fast_writes()
     llm_per_turn, tools_per_turn = max(1, llm_calls // turns), max(1, tool_calls // turns)
     system = _entry("5y5", "system", "system", 1200)
     history: list[dict] = []
@@ -125,8 +129,8 @@ def populate(turns: int, llm_calls: int, tool_calls: int) -> int:
                             (CompressionEvent, compressions)):
             for start in range(0, len(rows), 2000):
                 bulk_insert(model, rows[start:start + 2000])
-    with connection.cursor() as cursor:
-        cursor.execute("ANALYZE")
+    reset_sequences(Conversation, Round, LLMCall, ToolCall)
+    analyze()  # the planner sees the real sizes
     from pipeline.insight.finding_counts import refresh_stale
 
     refresh_stale()  # the stored counts, as the background refresh leaves them
@@ -190,17 +194,22 @@ def measure(turns: int, llm_calls: int, tool_calls: int, others: int, repeat: in
 def worker(tree: Path, args: argparse.Namespace) -> None:
     """Measure `tree` with this process: its code first on sys.path, a fresh database (or the one
     kept in --keep)."""
+    sys.path.insert(0, str(HERE))
+    from bench_db import bench_database
+
     if args.keep:
         Path(args.keep).mkdir(parents=True, exist_ok=True)
-        _measure_in(Path(args.keep), tree, args)
+        with bench_database(Path(args.keep), keep=args.keep) as database_url:
+            _measure_in(Path(args.keep), database_url, tree, args)
     else:
-        with tempfile.TemporaryDirectory(prefix="ctxlens-bench-long-") as work:
-            _measure_in(Path(work), tree, args)
+        with (tempfile.TemporaryDirectory(prefix="ctxlens-bench-long-") as work,
+              bench_database(Path(work)) as database_url):
+            _measure_in(Path(work), database_url, tree, args)
 
 
-def _measure_in(work: Path, tree: Path, args: argparse.Namespace) -> None:
+def _measure_in(work: Path, database_url: str, tree: Path, args: argparse.Namespace) -> None:
     os.environ.update(DJANGO_SETTINGS_MODULE="config.settings", CTXLENS_DATA_DIR=str(work),
-                      DATABASE_URL=f"sqlite:///{work / 'bench.sqlite3'}", DEBUG="0", LOG_LEVEL="WARNING",
+                      DATABASE_URL=database_url, DEBUG="0", LOG_LEVEL="WARNING",
                       CTXLENS_ARTIFACT_DIR=str(work / "artifacts"), ALLOWED_HOSTS="127.0.0.1,localhost,testserver")
     os.environ.pop("REDIS_URL", None)
     sys.path.insert(0, str(HERE))
@@ -241,13 +250,14 @@ def main() -> None:
         worker(Path(args.worker), args)
         return
     sys.path.insert(0, str(HERE))
+    from bench_db import engine_name, reproduce_prefix
     from live import percentile
     from trees import checkout, short
 
-    print(f"# .venv/bin/python bench/long_conversation.py {' '.join(shlex.quote(a) for a in sys.argv[1:])}".rstrip())
+    print(f"# {reproduce_prefix()}.venv/bin/python bench/long_conversation.py {' '.join(shlex.quote(a) for a in sys.argv[1:])}".rstrip())
     print(f"# {os.cpu_count()} CPUs shared with other work while measuring: treat as noisy upper bounds")
     print(f"# one conversation: {args.turns:,} turns, {args.llm_calls:,} LLM calls, {args.tool_calls:,} tool calls;"
-          f" {args.spans:,} spans of other conversations beside it; SQLite; p50/p95 of {args.repeat} fetches through Django's test client")
+          f" {args.spans:,} spans of other conversations beside it; {engine_name()}; p50/p95 of {args.repeat} fetches through Django's test client")
     measured: dict[str, dict] = {}
     if args.base:
         with checkout(args.base) as tree:
@@ -269,7 +279,7 @@ def main() -> None:
             base, this = measured
             print(f"  base/this p50: {p50[base, name] / p50[this, name]:.1f}x")
     base_flag = "" if args.base == BASE else f" --base {shlex.quote(args.base)}"
-    print(f"reproduce: .venv/bin/python bench/long_conversation.py --turns {args.turns} --llm-calls {args.llm_calls} "
+    print(f"reproduce: {reproduce_prefix()}.venv/bin/python bench/long_conversation.py --turns {args.turns} --llm-calls {args.llm_calls} "
           f"--tool-calls {args.tool_calls} --spans {args.spans} --repeat {args.repeat}{base_flag}")
 
 

@@ -1,13 +1,18 @@
 """How long does GET /api/tools/stats/ take over many tool calls, before and after a change?
 
-Fills a temporary SQLite database with N tool calls over 25 tools (one a second up to now, random
+Fills a temporary database with N tool calls over 25 tools (one a second up to now, random
 durations, some failures and retries) with this checkout — bulk-inserted, then the rollups built
 by `rebuild_rollups` as ingest would have kept them — and times the endpoint in-process (Django's
 test client, a read key) for several windows, in this checkout and, with --base, in that commit's
-tree on the same database, one after the other. Every query the endpoint runs is checked with
-EXPLAIN QUERY PLAN for a full scan of the tool calls. Prints the median of several runs.
+tree on the same database, one after the other. Every query the endpoint runs is checked for a
+full scan of the tool calls (SQLite: EXPLAIN QUERY PLAN's SCAN; PostgreSQL: a Seq Scan in
+EXPLAIN (FORMAT JSON)). Prints the median of several runs.
+
+The database is a temporary SQLite file, or, with DATABASE_URL=postgres://…, a database the
+bench creates on that server and drops after (bench/bench_db.py), ANALYZEd once filled.
 
     .venv/bin/python bench/tool_stats.py [--calls 200000] [--runs 7] [--base <commit>]
+    DATABASE_URL=postgres://postgres@127.0.0.1:5432/postgres .venv/bin/python bench/tool_stats.py --calls 200000
 """
 
 from __future__ import annotations
@@ -24,6 +29,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from bench.bench_db import analyze, bench_database, engine_name, reproduce_prefix  # noqa: E402
+
 WINDOWS = ("all time", "window=7d", "window=24h", "window=1h", "since=half")
 
 # Run in the tree measured (its own code on the shared database): prints {window: (ms, full scans)}.
@@ -51,8 +58,21 @@ for name, query in json.loads(os.environ["BENCH_WINDOWS"]).items():
     scans = 0
     with connection.cursor() as cursor:
         for q in captured.captured_queries:
-            if q["sql"].lstrip().upper().startswith("SELECT"):
-                cursor.execute("EXPLAIN QUERY PLAN " + q["sql"])
+            sql = q["sql"].lstrip()
+            if sql.upper().startswith("DECLARE ") and " FOR SELECT " in sql.upper():  # .iterator() on PostgreSQL
+                sql = sql[sql.upper().index(" FOR SELECT ") + 5:]
+            if not sql.upper().startswith("SELECT"):
+                continue
+            if connection.vendor == "postgresql":  # a Seq Scan node anywhere in the plan
+                cursor.execute("EXPLAIN (FORMAT JSON) " + sql)
+                plan = cursor.fetchone()[0]
+                nodes = [(plan if isinstance(plan, list) else json.loads(plan))[0]["Plan"]]
+                while nodes:
+                    node = nodes.pop()
+                    nodes.extend(node.get("Plans", ()))
+                    scans += node["Node Type"] == "Seq Scan" and node.get("Relation Name") == "pipeline_toolcall"
+            else:
+                cursor.execute("EXPLAIN QUERY PLAN " + sql)
                 scans += sum(1 for row in cursor.fetchall() if row[-1].startswith("SCAN pipeline_toolcall"))
     out[name] = (statistics.median(times) * 1000, scans)
 print(json.dumps(out))
@@ -62,7 +82,6 @@ print(json.dumps(out))
 def populate(calls: int, now: datetime) -> str:
     """The database filled; returns a read key for the API."""
     from django.core.management import call_command
-    from django.db import connection
 
     from pipeline.models import ApiKey, Conversation, ToolCall
     from pipeline.models.apikeys import Scope
@@ -83,8 +102,7 @@ def populate(calls: int, now: datetime) -> str:
     ]
     ToolCall.objects.bulk_create(rows, batch_size=2000)  # no signals: the rollups are built next
     rebuild_rollups(now)
-    with connection.cursor() as cursor:
-        cursor.execute("ANALYZE")
+    analyze()  # the planner sees the real sizes
     return ApiKey.generate("bench", scope=Scope.READ)[1]
 
 
@@ -101,8 +119,10 @@ def main() -> None:
     parser.add_argument("--base", help="also measure this commit (a branch, tag or hash) on the same database")
     args = parser.parse_args()
 
-    with tempfile.TemporaryDirectory(prefix="ctxlens-bench-stats-") as data_dir:
-        env = {**os.environ, "CTXLENS_DATA_DIR": data_dir, "DATABASE_URL": f"sqlite:///{data_dir}/bench.sqlite3",
+    engine, prefix = engine_name(), reproduce_prefix()
+    with (tempfile.TemporaryDirectory(prefix="ctxlens-bench-stats-") as data_dir,
+          bench_database(Path(data_dir)) as database_url):
+        env = {**os.environ, "CTXLENS_DATA_DIR": data_dir, "DATABASE_URL": database_url,
                "DJANGO_SETTINGS_MODULE": "config.settings", "DEBUG": "0", "LOG_LEVEL": "WARNING",
                "ALLOWED_HOSTS": "testserver"}
         os.environ.update(env)
@@ -123,7 +143,7 @@ def main() -> None:
                 results[f"base {short(args.base)}"] = measure(base, env)
         results["this checkout"] = measure(ROOT, env)
 
-    print(f"GET /api/tools/stats/ over {args.calls:,} tool calls (one a second up to now), 25 tools, SQLite; "
+    print(f"GET /api/tools/stats/ over {args.calls:,} tool calls (one a second up to now), 25 tools, {engine}; "
           f"median of {args.runs}, ms (full scans of the tool calls):")
     print(f"{'':<16}" + "".join(f"{w:>16}" for w in WINDOWS))
     for tree, figures in results.items():
@@ -132,7 +152,7 @@ def main() -> None:
         before, after = results.values()
         print(f"{'ratio':<16}" + "".join(f"{before[w][0] / after[w][0]:>15.1f}x" for w in WINDOWS))
     base = f" --base {args.base}" if args.base else ""
-    print(f"reproduce: .venv/bin/python bench/tool_stats.py --calls {args.calls} --runs {args.runs}{base}")
+    print(f"reproduce: {prefix}.venv/bin/python bench/tool_stats.py --calls {args.calls} --runs {args.runs}{base}")
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ from datetime import datetime, timedelta
 from decimal import Decimal
 from itertools import chain
 
+from django.db import connections, router
 from django.db.models import Q, QuerySet
 from django.utils import timezone
 
@@ -37,6 +38,29 @@ LATENCY_BUCKETS_MS = (10, 50, 100, 250, 500, 1000, 2500, 5000, 10000)
 
 def _since(qs: QuerySet, field: str, since: datetime | None) -> QuerySet:
     return qs if since is None else qs.filter(**{f"{field}__gte": since})
+
+
+# The distinct models of the stored conversations, read by one index seek per model (a loose
+# index scan on the model index): PostgreSQL has no skip scan, so SELECT DISTINCT would walk the
+# whole index, every conversation, on each render of the conversations list.
+_DISTINCT_MODELS = """
+WITH RECURSIVE found(model, n) AS (
+    SELECT (SELECT model FROM {table} WHERE model > '' ORDER BY model LIMIT 1), 1
+    UNION ALL
+    SELECT (SELECT c.model FROM {table} c WHERE c.model > found.model ORDER BY c.model LIMIT 1), n + 1
+    FROM found WHERE found.model IS NOT NULL AND n < %s
+)
+SELECT model FROM found WHERE model IS NOT NULL
+"""
+
+
+def conversation_models(limit: int = 200) -> list[str]:
+    """The first `limit` distinct non-empty models of the conversations, in order."""
+    database = router.db_for_read(Conversation) or "default"
+    with connections[database].cursor() as cursor:
+        cursor.execute(_DISTINCT_MODELS.format(table=connections[database].ops.quote_name(
+            Conversation._meta.db_table)), [limit])
+        return [model for (model,) in cursor.fetchall()]
 
 
 def tokens_per_minute(minutes: int = 60, now: datetime | None = None) -> dict[str, list]:

@@ -21,6 +21,7 @@ from dashboard.context_bars import ContextBar, context_bar, usage_series
 from dashboard.diff_lines import DiffLine, diff_lines
 from dashboard.queries import HEAVY_COMPRESSION_FIELDS, HEAVY_LLM_FIELDS
 from pipeline.ingest.normalise.messages import message_text, tool_calls_of
+from pipeline.insight.conversation_rows import up_to_latest_call
 from pipeline.models import CompressionEvent, Conversation, LLMCall, Round, SkillActivation, ToolCall
 
 CHART_CALLS = 500  # the context chart shows at most this many (the latest) LLM calls of its window
@@ -186,8 +187,11 @@ def context_chart(conversation: Conversation, span: TimeSpan | None = None) -> d
     """Context usage per LLM call in `span` of the conversation (all of it when None; at most the
     latest CHART_CALLS calls), with compression markers between calls."""
     span = span or TimeSpan()
+    window = span.filter("started_at")
+    if span.until is None:
+        window &= up_to_latest_call(conversation.pk)
     calls = list(
-        LLMCall.objects.filter(span.filter("started_at"), conversation=conversation)
+        LLMCall.objects.filter(window, conversation=conversation)
         .only("pk", "started_at", "input_tokens", "context_tokens", "context_window", "context_composition")
         .order_by("-started_at")[:CHART_CALLS]
     )[::-1]

@@ -133,10 +133,12 @@ class ConversationViewSet(ReadApi, viewsets.ReadOnlyModelViewSet):
             ),
             request, view=self,
         )
+        # Every column in llm_conv_totals_idx (conversation_id counts the rows as id would): an
+        # index-only read on PostgreSQL too, whose indexes, unlike SQLite's, do not carry the id.
         llm = LLMCall.objects.filter(conversation=conversation).aggregate(
-            input_tokens=Sum("input_tokens"), output_tokens=Sum("output_tokens"), calls=Count("id"),
-            errors=Count("id", filter=Q(status="error")), cost=Sum("cost_usd"),
-            unpriced=Count("id", filter=Q(cost_usd__isnull=True)),
+            input_tokens=Sum("input_tokens"), output_tokens=Sum("output_tokens"), calls=Count("conversation"),
+            errors=Count("conversation", filter=Q(status="error")), cost=Sum("cost_usd"),
+            unpriced=Count("conversation", filter=Q(cost_usd__isnull=True)),
         )
         tools = ToolCall.objects.filter(conversation=conversation).aggregate(
             calls=Count("id"), errors=Count("id", filter=Q(success=False))

@@ -8,6 +8,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import render
 from django.utils import timezone
 
+from dashboard import queries
 from dashboard.paging import CappedPaginator
 from dashboard.views.common import WINDOW_LABELS, WINDOWS, fragments, fragments_response, page
 from pipeline.insight import finding_counts
@@ -61,8 +62,7 @@ def _context(request: HttpRequest) -> dict:
 @page
 def conversation_list(request: HttpRequest) -> HttpResponse:
     context = _context(request)
-    models = Conversation.objects.exclude(model="").order_by("model").values_list("model", flat=True).distinct()
-    context.update(nav="conversations", models=list(models[:200]))
+    context.update(nav="conversations", models=queries.conversation_models(200))
     return render(request, "dashboard/conversations.html", context)
 
 

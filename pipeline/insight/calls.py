@@ -74,7 +74,8 @@ def _conversation_diffs(calls: list[LLMCall]) -> dict[int, dict[str, Any]]:
     """Diffs of `calls`, all of one conversation: three queries."""
     first = min(calls, key=lambda call: (call.started_at, call.pk))
     last = max(calls, key=lambda call: (call.started_at, call.pk))
-    before = Q(started_at__lt=first.started_at) | Q(started_at=first.started_at, pk__lt=first.pk)
+    # started_at <= first, then the tie broken by pk: a bound an index on started_at can seek to.
+    before = Q(started_at__lte=first.started_at) & (Q(started_at__lt=first.started_at) | Q(pk__lt=first.pk))
     since = lookback_start(last.conversation_id, before, WINDOW_LOOKBACK)
     rows = {row.pk: row for row in read_inputs_until(last, since=since)}
     compressions = read_compressions(last.conversation_id, since)

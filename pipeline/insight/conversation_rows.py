@@ -36,7 +36,7 @@ from itertools import groupby
 from operator import itemgetter
 from typing import Any
 
-from django.db.models import ExpressionWrapper, F, FloatField, Q, TextField
+from django.db.models import ExpressionWrapper, F, FloatField, Q, Subquery, TextField
 from django.db.models.functions import Cast, Coalesce, NullIf
 
 from pipeline.insight.diff import Compressions, extends, shares_a_message
@@ -113,6 +113,15 @@ class ConversationRows:
     calls_before: int = 0
 
 
+def up_to_latest_call(conversation_id: int) -> Q:
+    """LLM calls started no later than the conversation's latest (true of all of them): a bound for
+    a window open at its end. Without it, PostgreSQL's planner, which cannot tell that a long
+    conversation's calls all precede most other conversations' calls, may walk the started_at
+    index from the window's start to the newest call of any conversation."""
+    latest = LLMCall.objects.filter(conversation_id=conversation_id).order_by("-started_at").values("started_at")[:1]
+    return Q(started_at__lte=Subquery(latest))
+
+
 def read_conversation(conversation_id: int, since: datetime | None = None,
                       until: datetime | None = None, lookback: int = 0) -> ConversationRows:
     """The conversation's LLM calls and tool calls in time order, with their inputs and streams
@@ -127,7 +136,8 @@ def read_conversation(conversation_id: int, since: datetime | None = None,
         span &= Q(started_at__gte=start)
     if until is not None:
         span &= Q(started_at__lt=until)
-    calls = call_rows(LLMCall.objects.filter(span, conversation_id=conversation_id).order_by("started_at", "id")
+    bounded = span if until is not None else span & up_to_latest_call(conversation_id)
+    calls = call_rows(LLMCall.objects.filter(bounded, conversation_id=conversation_id).order_by("started_at", "id")
                       .annotate(input_text=_input_text()).values_list(*CALL_FIELDS, "input_text"))
     tools = [ToolRow(*row) for row in ToolCall.objects.filter(span, conversation_id=conversation_id)
              .order_by("started_at", "id").values_list("id", *TOOL_FIELDS)]
@@ -191,7 +201,8 @@ def read_inputs_until(call: LLMCall, latest: int | None = None, since: datetime 
     """The LLM calls of `call`'s conversation up to `call` itself (only the `latest` of them, or
     those started from `since` on, when given), in time order, with their inputs and streams read
     (no outputs): one query."""
-    up_to = Q(started_at__lt=call.started_at) | Q(started_at=call.started_at, pk__lte=call.pk)
+    # started_at <= the call's, then the tie broken by pk: a bound an index on started_at can seek to.
+    up_to = Q(started_at__lte=call.started_at) & (Q(started_at__lt=call.started_at) | Q(pk__lte=call.pk))
     if since is not None:
         up_to &= Q(started_at__gte=since)
     rows = (LLMCall.objects.filter(up_to, conversation_id=call.conversation_id).order_by("-started_at", "-id")

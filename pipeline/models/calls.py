@@ -25,7 +25,9 @@ class SpanRecordMixin(models.Model):
 
 
 class LLMCall(SpanRecordMixin):
-    conversation = models.ForeignKey(Conversation, on_delete=models.CASCADE, related_name="llm_calls")
+    # Found by (conversation, started_at) (an index of its own would be a shorter duplicate that
+    # PostgreSQL's planner picks for a conversation's time window, then filters every call of it).
+    conversation = models.ForeignKey(Conversation, on_delete=models.CASCADE, related_name="llm_calls", db_index=False)
     round = models.ForeignKey(Round, on_delete=models.CASCADE, null=True, blank=True, related_name="llm_calls")
     step = models.PositiveIntegerField(default=0)  # order inside the round
     model = models.CharField(max_length=255, blank=True)
@@ -85,7 +87,9 @@ class LLMCall(SpanRecordMixin):
 
 
 class ToolCall(SpanRecordMixin):
-    conversation = models.ForeignKey(Conversation, on_delete=models.CASCADE, related_name="tool_calls")
+    # Found by (conversation, started_at) (an index of its own would be a shorter duplicate that
+    # PostgreSQL's planner picks for a conversation's time window, then filters every call of it).
+    conversation = models.ForeignKey(Conversation, on_delete=models.CASCADE, related_name="tool_calls", db_index=False)
     round = models.ForeignKey(Round, on_delete=models.CASCADE, null=True, blank=True, related_name="tool_calls")
     llm_call = models.ForeignKey(
         LLMCall, on_delete=models.SET_NULL, null=True, blank=True, related_name="tool_calls"

@@ -66,6 +66,9 @@ class Conversation(models.Model):
             models.Index(fields=["-last_activity_at"], name="conv_last_activity_idx"),
             models.Index(fields=["started_at"], name="conv_started_idx"),
             models.Index(fields=["id"], condition=models.Q(findings_stale__gt=0), name="conv_findings_stale_idx"),
+            # The overview's finding codes read the conversations with findings, not all of them.
+            models.Index(fields=["finding_count", "last_activity_at"], condition=models.Q(finding_count__gt=0),
+                         name="conv_with_findings_idx"),
         ]
 
     def __str__(self) -> str:
