@@ -11,10 +11,11 @@ import os
 
 import django
 
-from pipeline.receivers.asgi_handler import CycleFreeASGIHandler
-
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 django.setup(set_prefix=False)  # what django.core.asgi.get_asgi_application does, with our handler
+
+from pipeline.receivers.asgi_handler import CycleFreeASGIHandler  # noqa: E402
+
 django_asgi_app = CycleFreeASGIHandler()
 
 # Imported after Django is set up: these import models.

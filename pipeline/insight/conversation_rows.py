@@ -51,7 +51,7 @@ STREAM_LOOKBACK = 16  # earlier calls with the same first message a call may fol
 # what its first calls follow. A stream whose previous call lies further back starts there.
 WINDOW_LOOKBACK = 32
 # read_conversations fetches the LLM calls of its conversations this many rows at a time: their
-# input texts are the bulk of what is read, and only one conversation's are kept at once.
+# input texts are the bulk of what is read, and only about one conversation's are kept at once.
 CALL_ROWS_FETCHED = 200
 
 Entry = dict[str, Any]
@@ -150,7 +150,7 @@ def read_conversations(conversation_ids: Iterable[int]) -> Iterator[tuple[int, C
     """(id, what `read_conversation(id)` reads) for each of the conversations, whole, in id order:
     three queries for them all, one per table. The LLM calls come in one query ordered by
     conversation and time, fetched CALL_ROWS_FETCHED rows at a time, and each conversation is
-    yielded as soon as its calls are read, so only one conversation's inputs are held at once
+    yielded as soon as its calls are read, so only about one conversation's inputs are held at once
     (its tool calls and compressions are read for all of them up front: they hold no digests)."""
     ids = sorted(set(conversation_ids))
     if not ids:

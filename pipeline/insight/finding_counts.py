@@ -124,12 +124,12 @@ def write_counts(counted: list[Counted]) -> list[int]:
                   .values_list("id", "findings_stale", "finding_counts")}
         current = [c for c in counted if c.conversation_id in stored and stored[c.conversation_id][0] == c.stale]
         if current:
-            json = sql.Prepare().json
+            as_json = sql.Prepare().json
             with connection.cursor() as cursor:
                 cursor.executemany(
                     f"UPDATE {sql.table(Conversation)} SET finding_counts = %s, finding_count = %s, "
                     "findings_stale = 0 WHERE id = %s AND findings_stale = %s",
-                    [(json(c.counts), sum(c.counts.values()), c.conversation_id, c.stale) for c in current])
+                    [(as_json(c.counts), sum(c.counts.values()), c.conversation_id, c.stale) for c in current])
         changed = [c.conversation_id for c in current if stored[c.conversation_id][1] != c.counts]
         if changed:
             changes = empty_changes()

@@ -11,7 +11,7 @@ from django.test.utils import CaptureQueriesContext
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from pipeline.insight import finding_counts
+from pipeline.insight import conversation_rows, finding_counts
 from pipeline.insight.conversation_rows import read_conversations
 from pipeline.insight.findings import conversation_findings, finding_counts as counts_of, findings_of
 from pipeline.models import Conversation as ConversationRow
@@ -99,11 +99,14 @@ def whole(found: list) -> list[tuple]:
     return [(f, f.at) for f in found]  # `at` takes no part in a Finding's equality
 
 
+# fetched 1 row at a time, every conversation's calls cross a fetch boundary
+@pytest.mark.parametrize("fetched", [conversation_rows.CALL_ROWS_FETCHED, 1])
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(st.lists(st.lists(st.sampled_from(STEPS), max_size=10), min_size=1, max_size=6))
-@example([list(STEPS), ["ask", "side", "ask", "twice", "compress", "ask", "answer"], [],
+@given(shapes=st.lists(st.lists(st.sampled_from(STEPS), max_size=10), min_size=1, max_size=6))
+@example(shapes=[list(STEPS), ["ask", "side", "ask", "twice", "compress", "ask", "answer"], [],
           ["side", "side", "fail", "fail", "fail", "full", "big", "new_prompt", "edit"]])
-def test_conversations_read_together_have_the_findings_each_has_alone(shapes):
+def test_conversations_read_together_have_the_findings_each_has_alone(fetched, shapes, monkeypatch):
+    monkeypatch.setattr(conversation_rows, "CALL_ROWS_FETCHED", fetched)
     ConversationRow.objects.all().delete()
     api = ingest_client()
     ids = [build(f"c{i}", steps).send(api) for i, steps in enumerate(shapes)]

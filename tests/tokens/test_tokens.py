@@ -219,6 +219,15 @@ def test_encodings_load_offline_only():
         tiktoken_encoding("p50k_base")
 
 
+@pytest.mark.parametrize("name", ["cl100k_base", "o200k_base"])
+def test_a_loaded_encoding_keeps_its_ranks_only_in_tiktokens_core(name):
+    encoding = tiktoken_encoding(name)
+    # the Python copy is emptied (tiktoken 0.14 names it _mergeable_ranks: a rename fails here)
+    assert encoding._mergeable_ranks == {}
+    assert encoding.decode(encoding.encode_ordinary(JSON_TEXT)) == JSON_TEXT
+    assert encoding.n_vocab > 100_000
+
+
 def test_shipped_yaml_is_valid_and_changes_nothing():
     config = load_token_config(ROOT / "config" / "token_encoders.yaml")
     assert config.models == ()

@@ -147,8 +147,11 @@ def tiktoken_encoding(name: str) -> tiktoken.Encoding:
 def _load(name: str) -> tiktoken.Encoding:
     encoding = BUILTIN[name]()
     # tiktoken's Rust core holds its own copy of the ranks; the Python dict the Encoding keeps
-    # besides serves only pickling (o200k: 27 MB of the server's memory). Counting never pickles.
-    encoding._mergeable_ranks = {}
+    # besides serves only pickling (o200k: 27 MB of the server's memory), which counting never
+    # does. (cl100k's Encoding is tiktoken's own registry instance: it cannot be unpickled by
+    # value either after this; by name it still can.) tests/tokens checks the attribute is there.
+    if isinstance(getattr(encoding, "_mergeable_ranks", None), dict):
+        encoding._mergeable_ranks = {}
     return encoding
 
 
