@@ -71,18 +71,23 @@ def bench_database(work: Path, keep: str | None = None) -> Iterator[str]:
         name = f"ctxlens_bench_kept_{hashlib.sha256(str(Path(keep).resolve()).encode()).hexdigest()[:10]}"
     else:
         name = f"ctxlens_bench_{os.getpid()}"
-    assert name not in NEVER
+    if name in NEVER or name == urlsplit(url).path.lstrip("/"):
+        raise SystemExit(f"refusing to use the database {name!r}: it is not this bench's own")
     with psycopg.connect(url, autocommit=True) as admin:
         exists = admin.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone()
-        if not exists:
+        if exists and not keep:  # a crashed run's (process ids come back): its rows would skew the figures
+            admin.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+        if not exists or not keep:
             admin.execute(f'CREATE DATABASE "{name}"')
     try:
         yield _with_database(url, name)
     finally:
         if not keep:
+            from django.conf import settings
             from django.db import connections
 
-            connections.close_all()
+            if settings.configured:
+                connections.close_all()
             with psycopg.connect(url, autocommit=True) as admin:
                 admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
