@@ -33,6 +33,9 @@ from pipeline.conf import ctxlens_config
 logger = logging.getLogger(__name__)
 
 RETRY_AFTER_S = 1.0  # after the channel layer failed a receive (Redis restarting)
+# Channel layers forget a group member after `group_expiry` (a day by default); a subscription
+# outlives any one socket, so it renews its membership well before that.
+RENEW_EVERY_S = 3600.0
 
 
 class Member(Protocol):
@@ -52,15 +55,17 @@ class _Feed:
         self.last_sent = 0.0
         self.channel = ""
         self.reader: asyncio.Task | None = None
+        self.renewer: asyncio.Task | None = None
         self.flusher: asyncio.Task | None = None
 
     async def open(self) -> None:
         self.channel = await self.layer.new_channel()
         await self.layer.group_add(self.group, self.channel)
         self.reader = asyncio.create_task(self._read())
+        self.renewer = asyncio.create_task(self._renew())
 
     async def close(self) -> None:
-        for task in (self.reader, self.flusher):
+        for task in (self.reader, self.renewer, self.flusher):
             if task is not None:
                 task.cancel()
         await self.layer.group_discard(self.group, self.channel)
@@ -81,6 +86,14 @@ class _Feed:
             self.pending = changes if self.pending is None else merge_changes(self.pending, changes)
             if self.flusher is None:
                 self.flusher = asyncio.create_task(self._flush())
+
+    async def _renew(self) -> None:
+        while True:
+            await asyncio.sleep(RENEW_EVERY_S)
+            try:
+                await self.layer.group_add(self.group, self.channel)
+            except Exception:
+                logger.warning("live: could not renew group %s", self.group, exc_info=True)
 
     async def _flush(self) -> None:
         """Send what is pending, no sooner than one interval after the last send."""
