@@ -10,6 +10,7 @@ changed over HTTP (the same partials they render on first load).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections import deque
 from importlib import import_module
@@ -66,16 +67,25 @@ class ChangesConsumer(AsyncJsonWebsocketConsumer):
         self.closing = False
         # Joined before accepting: nothing committed after the browser sees "hello" is missed.
         self.hub = await live_hub.join(group, self)
-        await self.accept()
-        await self.send_json({"type": "hello", "interval_ms": ctxlens_config().live_interval_ms})
+        try:
+            await self.accept()
+            await self.send_json({"type": "hello", "interval_ms": ctxlens_config().live_interval_ms})
+        except BaseException:  # the client went away mid-handshake: Channels calls no disconnect()
+            await self._leave()
+            raise
         self.greeted = True
         self._start_writer()
 
     async def disconnect(self, code: int) -> None:
-        if self.hub is not None and self.group is not None:
-            await self.hub.leave(self.group, self)
-        if getattr(self, "writer", None) is not None:
-            self.writer.cancel()
+        await self._leave()
+
+    async def _leave(self) -> None:
+        try:
+            if self.hub is not None and self.group is not None:
+                await self.hub.leave(self.group, self)
+        finally:
+            if getattr(self, "writer", None) is not None:
+                self.writer.cancel()
 
     async def receive_json(self, content: object, **kwargs: object) -> None:
         if isinstance(content, dict) and content.get("type") == "ping":
@@ -112,7 +122,9 @@ class ChangesConsumer(AsyncJsonWebsocketConsumer):
             logger.info("live: closing a websocket that cannot keep up")
             self.closing = True
             self.outbox.clear()
-            await self.close(code=CLOSE_TRY_AGAIN_LATER)
+            with contextlib.suppress(Exception):  # a socket that takes no frame may take no close either
+                async with asyncio.timeout(SEND_TIMEOUT_S):
+                    await self.close(code=CLOSE_TRY_AGAIN_LATER)
         except Exception:  # the socket went away meanwhile; disconnect() leaves the hub
             self.closing = True
             self.outbox.clear()

@@ -27,11 +27,12 @@ from typing import Protocol
 
 from channels.layers import BaseChannelLayer, get_channel_layer
 
-from dashboard.live import EVENT_TYPE, LiveChanges, merge_changes
+from dashboard.live import EVENT_TYPE, LiveChanges, changes_from_ingest, merge_changes
 from pipeline.conf import ctxlens_config
 
 logger = logging.getLogger(__name__)
 
+NOTHING = changes_from_ingest({})  # type: ignore[typeddict-item]
 RETRY_AFTER_S = 1.0  # after the channel layer failed a receive (Redis restarting)
 # Channel layers forget a group member after `group_expiry` (a day by default); a subscription
 # outlives any one socket, so it renews its membership well before that.
@@ -79,21 +80,29 @@ class _Feed:
             except Exception:
                 logger.warning("live: could not read group %s", self.group, exc_info=True)
                 await asyncio.sleep(RETRY_AFTER_S)
+                await self._join()  # a restarted Redis has forgotten the group's members
                 continue
             if message.get("type") != EVENT_TYPE:
                 continue
-            changes = message["changes"]
-            self.pending = changes if self.pending is None else merge_changes(self.pending, changes)
+            try:
+                # merged even into nothing: a malformed event fails here, not in the next merge
+                self.pending = merge_changes(self.pending or NOTHING, message["changes"])
+            except Exception:  # one malformed event (a worker of another version) must not end the feed
+                logger.warning("live: ignored a malformed event in group %s", self.group, exc_info=True)
+                continue
             if self.flusher is None:
                 self.flusher = asyncio.create_task(self._flush())
 
     async def _renew(self) -> None:
         while True:
             await asyncio.sleep(RENEW_EVERY_S)
-            try:
-                await self.layer.group_add(self.group, self.channel)
-            except Exception:
-                logger.warning("live: could not renew group %s", self.group, exc_info=True)
+            await self._join()
+
+    async def _join(self) -> None:
+        try:
+            await self.layer.group_add(self.group, self.channel)
+        except Exception:
+            logger.warning("live: could not join group %s", self.group, exc_info=True)
 
     async def _flush(self) -> None:
         """Send what is pending, no sooner than one interval after the last send."""

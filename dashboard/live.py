@@ -29,7 +29,7 @@ from pipeline.signals import IngestChanges, ingest_committed
 logger = logging.getLogger(__name__)
 
 LIVE_GROUP = "live"
-EVENT_TYPE = "live.changes"  # handled by ChangesConsumer.live_changes
+EVENT_TYPE = "live.changes"  # read by the process's hub (dashboard/hub.py)
 # A merged message names at most this many ids of a kind; past that it says "overflow" and
 # the page refreshes everything it shows instead of the named rows.
 MAX_IDS = 200

@@ -198,3 +198,36 @@ async def test_the_sockets_of_one_group_share_one_subscription_and_get_the_same_
     for communicator in communicators:
         await communicator.disconnect()
     assert set(layer.groups.get(LIVE_GROUP, {})) == before  # the last socket to leave ends the subscription
+
+
+async def test_a_malformed_event_does_not_end_the_groups_updates(session_cookie):
+    """A worker of another version (a rolling deploy on Redis) may send what this one cannot merge."""
+    communicator = await connect("/ws/live/", session_cookie)
+    await communicator.receive_json_from()  # hello
+    await get_channel_layer().group_send(LIVE_GROUP, {"type": "live.changes", "changes": {"unknown": 1}})
+    await get_channel_layer().group_send(LIVE_GROUP, {"type": "live.changes", "changes": {"unknown": 2}})
+    await sync_to_async(ingest_committed.send)(sender=None, changes=changes(7, round_id=70))
+    message = await communicator.receive_json_from(timeout=5)
+    assert message["conversation_ids"] == [7]
+    await communicator.disconnect()
+
+
+async def test_a_socket_that_goes_away_mid_handshake_leaves_the_group(session_cookie):
+    layer = get_channel_layer()
+    if not isinstance(layer, InMemoryChannelLayer):
+        pytest.skip("counts the in-memory layer's group members")
+    before = set(layer.groups.get(LIVE_GROUP, {}))
+    scope = {"type": "websocket", "path": "/ws/live/", "raw_path": b"/ws/live/", "query_string": b"",
+             "headers": [ORIGIN, HOST, session_cookie], "subprotocols": [], "client": ("127.0.0.1", 50000),
+             "server": ("testserver", 80)}
+    inbox: asyncio.Queue = asyncio.Queue()
+    await inbox.put({"type": "websocket.connect"})
+
+    async def send(message: dict) -> None:
+        if message["type"] == "websocket.accept":  # as uvicorn's send once the client dropped the connection
+            raise ConnectionResetError("the client went away")
+
+    with pytest.raises(ConnectionResetError):
+        await asyncio.wait_for(application(scope, inbox.get, send), 10)
+    # Channels calls no disconnect() for a socket it never accepted: the consumer left the hub itself
+    assert set(layer.groups.get(LIVE_GROUP, {})) == before
