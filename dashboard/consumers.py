@@ -1,15 +1,18 @@
 """Websocket consumers: /ws/live/ (overview and lists) and /ws/conversations/<id>/.
 
-Thin by design: authenticate through the session, join one group, and forward the
-`live.changes` events that dashboard/live.py sends, merged so that a browser gets at most
-one message per `CTXLENS_LIVE_INTERVAL_MS` however fast ingest commits. Pages fetch what
+Thin by design: authenticate through the session, join one group through the process's hub
+(dashboard/hub.py), which merges the `live.changes` events that dashboard/live.py sends and
+hands every socket of the group the same encoded frame at most once per
+`CTXLENS_LIVE_INTERVAL_MS` however fast ingest commits. Pages fetch what
 changed over HTTP (the same partials they render on first load).
 """
 
 from __future__ import annotations
 
 import asyncio
-import time
+import contextlib
+import logging
+from collections import deque
 from importlib import import_module
 
 from channels.auth import get_user
@@ -17,19 +20,29 @@ from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.conf import settings
 
-from dashboard.live import LIVE_GROUP, LiveChanges, LiveEvent, conversation_group, merge_changes
+from dashboard import hub as live_hub
+from dashboard.hub import Hub
+from dashboard.live import LIVE_GROUP, conversation_group
 from pipeline.conf import ctxlens_config
 from pipeline.models import Conversation
 
 # Close codes the page's live socket understands (4000-4999 are for applications).
 CLOSE_UNAUTHENTICATED = 4401  # go to the login page instead of reconnecting
 CLOSE_NOT_FOUND = 4404  # the conversation does not exist
+CLOSE_TRY_AGAIN_LATER = 1013  # fell behind: the page reconnects and catches up
+
+# A socket that takes longer than this for one frame, or has this many frames waiting, is closed.
+SEND_TIMEOUT_S = 5.0
+MAX_BACKLOG = 20
+
+logger = logging.getLogger(__name__)
 
 
 class ChangesConsumer(AsyncJsonWebsocketConsumer):
-    """Join one group and forward its changes, coalesced."""
+    """Join one group through the process's hub (dashboard/hub.py) and send the frames it delivers."""
 
     group: str | None = None
+    hub: Hub | None = None
 
     async def group_name(self) -> str | None:
         """The group to join, or None when the resource does not exist."""
@@ -48,19 +61,31 @@ class ChangesConsumer(AsyncJsonWebsocketConsumer):
             await self.close(code=CLOSE_NOT_FOUND)
             return
         self.group = group
-        self.interval = ctxlens_config().live_interval_ms / 1000
-        self.pending: LiveChanges | None = None
-        self.flush_task: asyncio.Task | None = None
-        self.last_sent = 0.0
-        await self.channel_layer.group_add(group, self.channel_name)
-        await self.accept()
-        await self.send_json({"type": "hello", "interval_ms": round(self.interval * 1000)})
+        self.outbox: deque[str] = deque()
+        self.writer: asyncio.Task | None = None
+        self.greeted = False  # frames wait in the outbox until "hello" has gone out
+        self.closing = False
+        # Joined before accepting: nothing committed after the browser sees "hello" is missed.
+        self.hub = await live_hub.join(group, self)
+        try:
+            await self.accept()
+            await self.send_json({"type": "hello", "interval_ms": ctxlens_config().live_interval_ms})
+        except BaseException:  # the client went away mid-handshake: Channels calls no disconnect()
+            await self._leave()
+            raise
+        self.greeted = True
+        self._start_writer()
 
     async def disconnect(self, code: int) -> None:
-        if self.group is not None:
-            await self.channel_layer.group_discard(self.group, self.channel_name)
-        if getattr(self, "flush_task", None) is not None:
-            self.flush_task.cancel()
+        await self._leave()
+
+    async def _leave(self) -> None:
+        try:
+            if self.hub is not None and self.group is not None:
+                await self.hub.leave(self.group, self)
+        finally:
+            if getattr(self, "writer", None) is not None:
+                self.writer.cancel()
 
     async def receive_json(self, content: object, **kwargs: object) -> None:
         if isinstance(content, dict) and content.get("type") == "ping":
@@ -71,21 +96,40 @@ class ChangesConsumer(AsyncJsonWebsocketConsumer):
                 return
             await self.send_json({"type": "pong"})
 
-    async def live_changes(self, event: LiveEvent) -> None:
-        changes = event["changes"]
-        self.pending = changes if self.pending is None else merge_changes(self.pending, changes)
-        if self.flush_task is None:
-            self.flush_task = asyncio.create_task(self.flush())
+    def deliver(self, frame: str) -> None:
+        """Called by the hub with one encoded "changes" frame; never waits (see _write)."""
+        if self.closing:
+            return  # the page reconnects and catches up
+        self.outbox.append(frame)
+        self._start_writer()
 
-    async def flush(self) -> None:
-        """Send what is pending, no sooner than one interval after the last send."""
-        wait = self.last_sent + self.interval - time.monotonic()
-        if wait > 0:
-            await asyncio.sleep(wait)
-        changes, self.pending, self.flush_task = self.pending, None, None
-        self.last_sent = time.monotonic()
-        if changes is not None:
-            await self.send_json({"type": "changes", **changes})
+    def _start_writer(self) -> None:
+        if self.greeted and self.writer is None and self.outbox:
+            self.writer = asyncio.create_task(self._write())
+
+    async def _write(self) -> None:
+        """Send the outbox in order. A socket that does not take a frame within SEND_TIMEOUT_S or
+        lets MAX_BACKLOG frames pile up is closed: it holds up only itself, and the page,
+        reconnecting, fetches what it shows afresh (static/js/live.js onOpen)."""
+        try:
+            while self.outbox and not self.closing:
+                if len(self.outbox) > MAX_BACKLOG:
+                    raise TimeoutError
+                async with asyncio.timeout(SEND_TIMEOUT_S):
+                    await self.send(text_data=self.outbox[0])
+                self.outbox.popleft()
+        except TimeoutError:
+            logger.info("live: closing a websocket that cannot keep up")
+            self.closing = True
+            self.outbox.clear()
+            with contextlib.suppress(Exception):  # a socket that takes no frame may take no close either
+                async with asyncio.timeout(SEND_TIMEOUT_S):
+                    await self.close(code=CLOSE_TRY_AGAIN_LATER)
+        except Exception:  # the socket went away meanwhile; disconnect() leaves the hub
+            self.closing = True
+            self.outbox.clear()
+        finally:
+            self.writer = None
 
 
 class LiveConsumer(ChangesConsumer):

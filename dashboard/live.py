@@ -2,8 +2,9 @@
 
 The receiver sends to the `live` group (overview and lists) and to the group of every
 conversation the ingest touched. It does no database work: it runs right after the ingest
-commit. Browsers are not flooded: every consumer merges what arrives and forwards at most
-one message per `CTXLENS_LIVE_INTERVAL_MS` (see dashboard/consumers.py).
+commit. Browsers are not flooded: each process reads each group once, merges what arrives
+and hands its sockets of that group one message per `CTXLENS_LIVE_INTERVAL_MS` at most
+(dashboard/hub.py).
 
 Ingest commits on threads that run no event loop (the ingest writer thread, the deferred
 token work, the gRPC server), and the in-memory channel layer is not thread-safe: the send
@@ -28,7 +29,7 @@ from pipeline.signals import IngestChanges, ingest_committed
 logger = logging.getLogger(__name__)
 
 LIVE_GROUP = "live"
-EVENT_TYPE = "live.changes"  # handled by ChangesConsumer.live_changes
+EVENT_TYPE = "live.changes"  # read by the process's hub (dashboard/hub.py)
 # A merged message names at most this many ids of a kind; past that it says "overflow" and
 # the page refreshes everything it shows instead of the named rows.
 MAX_IDS = 200

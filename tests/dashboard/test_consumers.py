@@ -7,11 +7,13 @@ import re
 
 import pytest
 from asgiref.sync import sync_to_async
+from channels.layers import InMemoryChannelLayer, get_channel_layer
 from channels.testing import WebsocketCommunicator
 from django.test import Client
 
 from config.asgi import application
 from dashboard.consumers import CLOSE_NOT_FOUND, CLOSE_UNAUTHENTICATED
+from dashboard.live import LIVE_GROUP
 from dashboard.routing import websocket_urlpatterns
 from pipeline.signals import IngestChanges, ingest_committed
 from tests.dashboard_fixtures import make_conversation
@@ -176,3 +178,56 @@ async def test_a_socket_whose_session_ended_is_closed_at_its_next_ping(alice):
     await sync_to_async(browser.logout)()  # in another tab: the session is deleted
     await communicator.send_json_to({"type": "ping"})
     assert await communicator.receive_output() == {"type": "websocket.close", "code": CLOSE_UNAUTHENTICATED}
+
+
+async def test_the_sockets_of_one_group_share_one_subscription_and_get_the_same_message(session_cookie):
+    layer = get_channel_layer()
+    if not isinstance(layer, InMemoryChannelLayer):
+        pytest.skip("counts the in-memory layer's group members")
+    # Earlier tests' event loops (closed, one per test) may have left their channels in the group.
+    before = set(layer.groups.get(LIVE_GROUP, {}))
+    communicators = [await connect("/ws/live/", session_cookie) for _ in range(3)]
+    for communicator in communicators:
+        await communicator.receive_json_from()
+    assert len(set(layer.groups.get(LIVE_GROUP, {})) - before) == 1  # one channel for the process, not one per socket
+
+    await sync_to_async(ingest_committed.send)(sender=None, changes=changes(5, round_id=50))
+    messages = [await communicator.receive_json_from(timeout=2) for communicator in communicators]
+    assert messages[0]["conversation_ids"] == [5] and messages.count(messages[0]) == 3
+
+    for communicator in communicators:
+        await communicator.disconnect()
+    assert set(layer.groups.get(LIVE_GROUP, {})) == before  # the last socket to leave ends the subscription
+
+
+async def test_a_malformed_event_does_not_end_the_groups_updates(session_cookie):
+    """A worker of another version (a rolling deploy on Redis) may send what this one cannot merge."""
+    communicator = await connect("/ws/live/", session_cookie)
+    await communicator.receive_json_from()  # hello
+    await get_channel_layer().group_send(LIVE_GROUP, {"type": "live.changes", "changes": {"unknown": 1}})
+    await get_channel_layer().group_send(LIVE_GROUP, {"type": "live.changes", "changes": {"unknown": 2}})
+    await sync_to_async(ingest_committed.send)(sender=None, changes=changes(7, round_id=70))
+    message = await communicator.receive_json_from(timeout=5)
+    assert message["conversation_ids"] == [7]
+    await communicator.disconnect()
+
+
+async def test_a_socket_that_goes_away_mid_handshake_leaves_the_group(session_cookie):
+    layer = get_channel_layer()
+    if not isinstance(layer, InMemoryChannelLayer):
+        pytest.skip("counts the in-memory layer's group members")
+    before = set(layer.groups.get(LIVE_GROUP, {}))
+    scope = {"type": "websocket", "path": "/ws/live/", "raw_path": b"/ws/live/", "query_string": b"",
+             "headers": [ORIGIN, HOST, session_cookie], "subprotocols": [], "client": ("127.0.0.1", 50000),
+             "server": ("testserver", 80)}
+    inbox: asyncio.Queue = asyncio.Queue()
+    await inbox.put({"type": "websocket.connect"})
+
+    async def send(message: dict) -> None:
+        if message["type"] == "websocket.accept":  # as uvicorn's send once the client dropped the connection
+            raise ConnectionResetError("the client went away")
+
+    with pytest.raises(ConnectionResetError):
+        await asyncio.wait_for(application(scope, inbox.get, send), 10)
+    # Channels calls no disconnect() for a socket it never accepted: the consumer left the hub itself
+    assert set(layer.groups.get(LIVE_GROUP, {})) == before
