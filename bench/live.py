@@ -5,7 +5,7 @@
    sample is one agent turn (invoke_agent → chat, execute_tool) encoded by the OpenTelemetry
    SDK's OTLP encoder and POSTed to /v1/traces; the clock runs from just before the POST to the
    arrival, in each client, of the first message naming the new conversation. Posts are spaced
-   wider than CTXLENS_LIVE_INTERVAL_MS so that the per-browser throttle does not add to them.
+   wider than CTXLENS_LIVE_INTERVAL_MS so that the live throttle (one frame per group and interval, dashboard/hub.py) does not add to them.
    With --load N, the team's standard load (../shared/bench/otlp_load.py) is ingested at N
    spans/s meanwhile, and the rate the server actually accepted is printed.
 2. Server time of the overview and of a conversation page with 1,000,000 stored spans (plus
@@ -237,7 +237,7 @@ async def _latency(port: int, clients: int, posts: int, session: str, key: str,
                 await asyncio.sleep(0.002)
             else:
                 print(f"  a client missed conversation {pk}", file=sys.stderr)
-            await asyncio.sleep(0.4)  # wider than the 250 ms per-browser interval
+            await asyncio.sleep(0.4)  # wider than the 250 ms live interval
     if loading:
         stop.set()
         accepted, seconds = await loading
