@@ -150,7 +150,7 @@ class Hub:
 
 
 # Process state: one hub per event loop and channel layer (closed loops are dropped).
-_hubs: dict[tuple[asyncio.AbstractEventLoop, int], Hub] = {}
+_hubs: dict[tuple[asyncio.AbstractEventLoop, BaseChannelLayer], Hub] = {}
 
 
 def _hub() -> Hub | None:
@@ -158,11 +158,11 @@ def _hub() -> Hub | None:
     if layer is None:
         return None
     loop = asyncio.get_running_loop()
-    hub = _hubs.get((loop, id(layer)))
-    if hub is None or hub.layer is not layer:
+    hub = _hubs.get((loop, layer))
+    if hub is None:
         for key in [key for key in _hubs if key[0].is_closed()]:
             del _hubs[key]
-        hub = _hubs[(loop, id(layer))] = Hub(layer)
+        hub = _hubs[(loop, layer)] = Hub(layer)
     return hub
 
 

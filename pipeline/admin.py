@@ -29,6 +29,16 @@ from pipeline.models import (
 PREVIEW_BYTES = 4096
 
 
+class KeptByIngest:
+    """An admin of rows ingest keeps: they are viewed here, never added or edited."""
+
+    def has_add_permission(self, request) -> bool:
+        return False
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False
+
+
 @admin.register(Artifact)
 class ArtifactAdmin(admin.ModelAdmin):
     list_display = ("artifact_id", "size", "short_sha256", "mime", "conversation", "created_at", "expires_at")
@@ -200,7 +210,7 @@ class SpanLogAdmin(admin.ModelAdmin):
 
 
 @admin.register(ToolResultCarry)
-class ToolResultCarryAdmin(admin.ModelAdmin):
+class ToolResultCarryAdmin(KeptByIngest, admin.ModelAdmin):
     """The ledger of which LLM call carried which tool result (pipeline.ingest.write.tool_context):
     kept by ingest, read-only here."""
 
@@ -208,15 +218,9 @@ class ToolResultCarryAdmin(admin.ModelAdmin):
     search_fields = ("tool_call_id", "trace_id", "span_id")
     raw_id_fields = ("conversation",)
 
-    def has_add_permission(self, request) -> bool:
-        return False
-
-    def has_change_permission(self, request, obj=None) -> bool:
-        return False
-
 
 @admin.register(ToolRequest)
-class ToolRequestAdmin(admin.ModelAdmin):
+class ToolRequestAdmin(KeptByIngest, admin.ModelAdmin):
     """Which LLM call asked for which tool call (pipeline.ingest.write.linking): kept by ingest
     with each call, read-only here."""
 
@@ -224,27 +228,15 @@ class ToolRequestAdmin(admin.ModelAdmin):
     search_fields = ("tool_call_id", "name")
     raw_id_fields = ("llm_call", "round")
 
-    def has_add_permission(self, request) -> bool:
-        return False
-
-    def has_change_permission(self, request, obj=None) -> bool:
-        return False
-
 
 @admin.register(Rollup)
-class RollupAdmin(admin.ModelAdmin):
+class RollupAdmin(KeptByIngest, admin.ModelAdmin):
     """Per-bucket sums kept by ingest (pipeline.rollups): read-only here; `manage.py rebuild_rollups`
     recomputes them from the rows."""
 
     list_display = ("kind", "name", "grain", "bucket_start", "calls")
     list_filter = ("kind", "grain")
     search_fields = ("name",)
-
-    def has_add_permission(self, request) -> bool:
-        return False
-
-    def has_change_permission(self, request, obj=None) -> bool:
-        return False
 
     def has_delete_permission(self, request, obj=None) -> bool:
         return False  # the figures would go wrong: prune and compact_rollups delete them
