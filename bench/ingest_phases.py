@@ -1,0 +1,111 @@
+"""Where ingest's CPU goes, phase by phase, in one process: µs of CPU per span for decoding,
+validating and normalising, the ingest transaction, the deferred token counts and the finding
+counts refresh.
+
+The team's standard load (../shared/bench/otlp_load.py, or CTXLENS_OTLP_LOAD) is built, then
+stored batch by batch on a throw-away SQLite database in this process, with no server and no
+background threads: after every `--every` batches the deferred counts and the finding counts are
+completed on this thread (the server runs them at most once a second), so each phase's CPU is
+its own (time.thread_time). With --base, that commit's tree (a temporary git worktree) runs the
+same load first, in a process of its own, and the ratios this/base follow.
+
+    .venv/bin/python bench/ingest_phases.py [--spans 10000] [--every 5] [--base <commit>]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "bench"))
+from trees import checkout, short  # noqa: E402
+
+PHASES = ("decode", "prepare", "store", "deferred", "findings")
+
+
+def run_here(spans: int, every: int) -> dict[str, float]:
+    """The phases' CPU per span (µs) of the code in the current directory's tree."""
+    sys.path.insert(0, os.getcwd())
+    work = Path(tempfile.mkdtemp(prefix="ctxlens-bench-"))
+    os.environ.update(DJANGO_SETTINGS_MODULE="config.settings", DATABASE_URL=f"sqlite:///{work / 'bench.sqlite3'}",
+                      CTXLENS_ARTIFACT_DIR=str(work / "artifacts"), LOG_LEVEL="WARNING")
+    os.environ.pop("REDIS_URL", None)
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+
+    from ingest import load_generator  # bench/ingest.py: the load generator beside the repository
+    from pipeline.ingest.decode import otlp
+    from pipeline.ingest.write import deferred
+    from pipeline.ingest.write.store import prepare_spans, store_prepared
+    from pipeline.insight import finding_counts
+    from pipeline.signals import ingest_committed
+
+    call_command("migrate", verbosity=0)
+    deferred.schedule = lambda: None  # completed below, on this thread
+    ingest_committed.disconnect(dispatch_uid="pipeline.finding_counts")
+    ingest_committed.disconnect(dispatch_uid="dashboard.live")
+    bodies = [r.SerializeToString() for r in load_generator().build_requests(spans, 100, run_id="phases")]
+    cpu = dict.fromkeys(PHASES, 0.0)
+
+    def timed(phase: str, work):
+        began = time.thread_time()
+        result = work()
+        cpu[phase] += time.thread_time() - began
+        return result
+
+    for i, body in enumerate(bodies):
+        records = timed("decode", lambda: otlp.decode_traces_protobuf(body).spans)
+        batch = timed("prepare", lambda: prepare_spans(records))
+        timed("store", lambda: store_prepared(batch))
+        if (i + 1) % every == 0 or i == len(bodies) - 1:
+            timed("deferred", deferred.complete_pending)
+            timed("findings", finding_counts.refresh_stale)
+    return {phase: seconds / spans * 1e6 for phase, seconds in cpu.items()}
+
+
+def measure(tree: Path, args: argparse.Namespace) -> dict[str, float]:
+    done = subprocess.run([sys.executable, __file__, "--child", "--spans", str(args.spans), "--every", str(args.every)],
+                          cwd=tree, check=True, capture_output=True, text=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--spans", type=int, default=10000)
+    parser.add_argument("--every", type=int, default=5, help="batches of 100 spans between background runs")
+    parser.add_argument("--base", help="a commit to measure first, in the same run")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        print(json.dumps(run_here(args.spans, args.every)))
+        return 0
+    runs: dict[str, dict[str, float]] = {}
+    if args.base:
+        with checkout(args.base) as base:
+            runs[f"base {short(args.base)}"] = measure(base, args)
+    runs["this checkout"] = measure(ROOT, args)
+    print(f"CPU per span (µs), {args.spans} spans of the standard load, SQLite, background work every "
+          f"{args.every} batches")
+    print(f"{'':16}" + "".join(f"{phase:>10}" for phase in PHASES) + f"{'total':>10}")
+    for name, phases in runs.items():
+        print(f"{name:16}" + "".join(f"{phases[p]:10.1f}" for p in PHASES) + f"{sum(phases.values()):10.1f}")
+    if args.base:
+        base, this = runs[f"base {short(args.base)}"], runs["this checkout"]
+        print(f"{'this / base':16}" + "".join(f"{this[p] / base[p]:9.2f}x" for p in PHASES)
+              + f"{sum(this.values()) / sum(base.values()):9.2f}x")
+    print(f"reproduce       .venv/bin/python bench/ingest_phases.py --spans {args.spans} --every {args.every}"
+          + (f" --base {args.base}" if args.base else ""))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
