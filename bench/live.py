@@ -1,7 +1,7 @@
 """Live dashboard figures: ingest-to-browser latency, and page time with 1,000,000 stored spans.
 
 1. Latency from an OTLP POST to the websocket message in connected clients, p50/p95, with 1
-   and with 50 clients on /ws/live/. A real daphne on a fresh temporary database; each
+   and with 50 clients on /ws/live/. uvicorn (as `make run` serves) on a fresh temporary database; each
    sample is one agent turn (invoke_agent → chat, execute_tool) encoded by the OpenTelemetry
    SDK's OTLP encoder and POSTed to /v1/traces; the clock runs from just before the POST to the
    arrival, in each client, of the first message naming the new conversation. Posts are spaced
@@ -38,6 +38,7 @@ import asyncio
 import itertools
 import json
 import os
+import random
 import shlex
 import socket
 import statistics
@@ -123,11 +124,12 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def start_daphne(env: dict[str, str], port: int) -> subprocess.Popen:
+def start_server(env: dict[str, str], port: int) -> subprocess.Popen:
+    """uvicorn serving this checkout, as `make run` does."""
     import httpx
 
-    server = subprocess.Popen([sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
-                               "config.asgi:application"], cwd=ROOT, env=env,
+    server = subprocess.Popen([sys.executable, "-m", "uvicorn", "config.asgi:application", "--host", "127.0.0.1",
+                               "--port", str(port), "--lifespan", "off", "--log-level", "warning"], cwd=ROOT, env=env,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     for _ in range(300):
         try:
@@ -136,7 +138,7 @@ def start_daphne(env: dict[str, str], port: int) -> subprocess.Popen:
         except httpx.TransportError:
             time.sleep(0.1)
     server.kill()
-    raise SystemExit("daphne did not start")
+    raise SystemExit("uvicorn did not start")
 
 
 def credentials() -> tuple[str, str]:
@@ -201,7 +203,9 @@ async def _latency(port: int, clients: int, posts: int, session: str, key: str,
 
     from pipeline.models import Conversation
 
-    arrivals: list[list[tuple[float, dict]]] = [[] for _ in range(clients)]
+    # Per client, when each conversation id was first named: kept as messages arrive, so that
+    # waiting for a sample costs O(clients), not a scan of every message received so far.
+    first_named: list[dict[int, float]] = [{} for _ in range(clients)]
     headers = {"Cookie": f"sessionid={session}", "Origin": f"http://127.0.0.1:{port}"}
     sockets = [await websockets.connect(f"ws://127.0.0.1:{port}/ws/live/", additional_headers=headers)
                for _ in range(clients)]
@@ -210,7 +214,9 @@ async def _latency(port: int, clients: int, posts: int, session: str, key: str,
 
     async def listen(i: int, ws) -> None:
         async for raw in ws:
-            arrivals[i].append((time.perf_counter(), json.loads(raw)))
+            arrived = time.perf_counter()
+            for pk in json.loads(raw).get("new_conversation_ids", ()):
+                first_named[i].setdefault(pk, arrived)
 
     listeners = [asyncio.create_task(listen(i, ws)) for i, ws in enumerate(sockets)]
     bodies = [(f"bench-live-{uuid.uuid4().hex}", None) for _ in range(posts)]
@@ -230,14 +236,15 @@ async def _latency(port: int, clients: int, posts: int, session: str, key: str,
             pk = await pk_of(conversation_id)
             deadline = time.perf_counter() + 5
             while time.perf_counter() < deadline:
-                firsts = [next((t for t, m in a if pk in m.get("new_conversation_ids", ())), None) for a in arrivals]
+                firsts = [seen.get(pk) for seen in first_named]
                 if all(firsts):
                     samples.extend(t - started for t in firsts)
                     break
                 await asyncio.sleep(0.002)
             else:
                 print(f"  a client missed conversation {pk}", file=sys.stderr)
-            await asyncio.sleep(0.4)  # wider than the 250 ms live interval
+            # Wider than the live interval, and at a random phase of the background load's frames.
+            await asyncio.sleep(0.4 + random.random() * 0.25)
     if loading:
         stop.set()
         accepted, seconds = await loading
@@ -257,7 +264,7 @@ def measure_latency(env: dict[str, str], clients: int, posts: int, spans_per_s: 
     # As long as the samples take (each at least 0.4 s apart), and the warm-up, with room to spare.
     background = background_bodies(spans_per_s, posts * 0.6 + 10) if spans_per_s else None
     port = free_port()
-    server = start_daphne(env, port)
+    server = start_server(env, port)
     try:
         return asyncio.run(_latency(port, clients, posts, session, key, background, spans_per_s))
     finally:

@@ -276,8 +276,11 @@ CTXLENS_OTLP_COMPRESSION = env_str("CTXLENS_OTLP_COMPRESSION", "gzip")
 CTXLENS_OTLP_PROTOCOL = env_str("CTXLENS_OTLP_PROTOCOL", "http/protobuf")  # http/protobuf, http/json, grpc
 CTXLENS_SERVICE_NAME = env_str("CTXLENS_SERVICE_NAME", "ctxlens-agent")
 CTXLENS_ENVIRONMENT = env_str("CTXLENS_ENVIRONMENT", "development")
-# Live views: a browser gets at most one websocket update per this many milliseconds.
-CTXLENS_LIVE_INTERVAL_MS = env_int("CTXLENS_LIVE_INTERVAL_MS", 250)
+# Live views: a websocket gets at most one update per CTXLENS_LIVE_INTERVAL_MS (so that a change
+# reaches the page within about that), and a page re-fetches what changed at most once per
+# CTXLENS_LIVE_REFRESH_MS (the first change after a quiet spell at once).
+CTXLENS_LIVE_INTERVAL_MS = env_int("CTXLENS_LIVE_INTERVAL_MS", 25)
+CTXLENS_LIVE_REFRESH_MS = env_int("CTXLENS_LIVE_REFRESH_MS", 250)
 # Tool observations: the global output level (brief | standard | full), per-tool defaults
 # ("query_sales=brief,web_search=full"), and the largest accepted tool-call arguments.
 CTXLENS_DEFAULT_OUTPUT_LEVEL = env_str("CTXLENS_DEFAULT_OUTPUT_LEVEL", "standard").strip().lower()

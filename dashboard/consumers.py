@@ -4,7 +4,8 @@ Thin by design: authenticate through the session, join one group through the pro
 (dashboard/hub.py), which merges the `live.changes` events that dashboard/live.py sends and
 hands every socket of the group the same encoded frame at most once per
 `CTXLENS_LIVE_INTERVAL_MS` however fast ingest commits. Pages fetch what
-changed over HTTP (the same partials they render on first load).
+changed over HTTP (the same partials they render on first load), at most once per
+`CTXLENS_LIVE_REFRESH_MS` (sent in "hello"; static/js/live.js paces them).
 """
 
 from __future__ import annotations
@@ -69,7 +70,9 @@ class ChangesConsumer(AsyncJsonWebsocketConsumer):
         self.hub = await live_hub.join(group, self)
         try:
             await self.accept()
-            await self.send_json({"type": "hello", "interval_ms": ctxlens_config().live_interval_ms})
+            config = ctxlens_config()
+            await self.send_json({"type": "hello", "interval_ms": config.live_interval_ms,
+                                  "refresh_ms": config.live_refresh_ms})
         except BaseException:  # the client went away mid-handshake: Channels calls no disconnect()
             await self._leave()
             raise

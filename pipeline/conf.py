@@ -48,6 +48,7 @@ class CtxlensConfig:
     service_name: str
     environment: str
     live_interval_ms: int
+    live_refresh_ms: int
     default_output_level: str
     tool_output_levels: dict[str, str]
     max_tool_input_bytes: int
@@ -89,6 +90,7 @@ def ctxlens_config() -> CtxlensConfig:
         service_name=settings.CTXLENS_SERVICE_NAME,
         environment=settings.CTXLENS_ENVIRONMENT,
         live_interval_ms=settings.CTXLENS_LIVE_INTERVAL_MS,
+        live_refresh_ms=settings.CTXLENS_LIVE_REFRESH_MS,
         default_output_level=settings.CTXLENS_DEFAULT_OUTPUT_LEVEL,
         tool_output_levels=dict(settings.CTXLENS_TOOL_OUTPUT_LEVELS),
         max_tool_input_bytes=settings.CTXLENS_MAX_TOOL_INPUT_BYTES,

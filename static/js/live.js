@@ -36,6 +36,7 @@ export function liveSocket(path, { onOpen = () => {}, onChanges = () => {} } = {
       try { message = JSON.parse(event.data); } catch { return; }
       if (message.type === "hello") {
         delay = 500;
+        if (Number.isFinite(message.refresh_ms) && message.refresh_ms >= 0) refreshGapMs = message.refresh_ms;
         setStatus("live", "live");
         const first = !opened;
         opened = true;
@@ -61,24 +62,36 @@ export function liveSocket(path, { onOpen = () => {}, onChanges = () => {} } = {
 }
 
 // Run `task` now, or once more after the current run if one is in flight: never two at once,
-// never a queue of stale refreshes. A run that fails (the server restarting, a proxy error) is
-// tried again after a growing pause, so the page does not stay behind until the next change.
+// never a queue of stale refreshes, and runs at least `refreshGapMs` apart (the server's
+// "hello" sets it: CTXLENS_LIVE_REFRESH_MS). The websocket says within a few tens of
+// milliseconds that something changed; the first change after a quiet spell is fetched at once,
+// and under a steady stream of changes each page fetches at its own pace, so a hundred open
+// pages do not turn every commit into a hundred page renders. A run that fails (the server
+// restarting, a proxy error) is tried again after a growing pause, so the page does not stay
+// behind until the next change.
 const RETRY_FIRST_MS = 1000;
 const RETRY_MAX_MS = 30000;
+let refreshGapMs = 250;
 
 class LoggedOut extends Error {}
+
+const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
 
 export function serialised(task) {
   let running = null;
   let again = false;
   let retryIn = RETRY_FIRST_MS;
   let retry = null;
+  let lastStart = -Infinity;
   const run = () => {
     if (running) { again = true; return running; }
     clearTimeout(retry);
     running = (async () => {
       do {
-        again = false;
+        const wait = lastStart + refreshGapMs - performance.now();
+        if (wait > 0) await sleep(wait);
+        again = false;  // what changed while this run waited, it fetches
+        lastStart = performance.now();
         try {
           await task();
           retryIn = RETRY_FIRST_MS;

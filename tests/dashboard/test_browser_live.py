@@ -6,6 +6,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
+from django.conf import settings
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.sdk.trace.export import SpanExportResult
 from playwright.sync_api import expect
@@ -28,31 +29,46 @@ pytestmark = pytest.mark.browser
 BURST = 30  # OTLP requests, each its own ingest commit and signal
 
 
-# Records each websocket message with the page's own clock as it arrives.
+# Records each websocket message, and when each fragment fetch starts, with the page's own clock.
 RECORD_FRAMES = """
 window.__frames = [];
+window.__fetches = [];
 window.WebSocket = class extends WebSocket {
   constructor(...args) {
     super(...args);
     this.addEventListener("message", (event) => window.__frames.push([performance.now(), JSON.parse(event.data)]));
   }
 };
+const pageFetch = window.fetch;
+window.fetch = (url, ...rest) => {
+  if (String(url).includes("/fragments/")) window.__fetches.push(performance.now());
+  return pageFetch(url, ...rest);
+};
 """
 
 
-def test_a_burst_of_ingest_reaches_the_page_as_a_few_messages_that_miss_nothing(live_uvicorn, page, alice):
+def send_burst(server, prefix: str) -> None:
+    """BURST one-turn conversations, each its own OTLP request (one ingest commit and signal),
+    as fast as the server answers."""
+    batches = [record_turns(f"{prefix}-{n}", turns=1) for n in range(BURST)]
+    exporter = OTLPSpanExporter(endpoint=f"{server.url}/v1/traces", headers={"Authorization": f"Bearer {ingest_key()}"})
+    for spans in batches:
+        assert exporter.export(spans) is SpanExportResult.SUCCESS
+    exporter.shutdown()
+
+
+def test_a_burst_of_ingest_reaches_the_page_as_a_few_messages_that_miss_nothing(uvicorn_factory, artifact_dir,
+                                                                                  page, alice):
+    # An interval far wider than the page's clock jitter, so that the spacing below is the rule's.
+    server = uvicorn_factory({"CTXLENS_ARTIFACT_DIR": str(artifact_dir), "CTXLENS_LIVE_INTERVAL_MS": "200"})
     page.add_init_script(RECORD_FRAMES)
-    log_in(page, live_uvicorn)
+    log_in(page, server)
     wait_live(page)
     interval_ms = page.evaluate("window.__frames.find(([, m]) => m.type === 'hello')[1].interval_ms")
-    batches = [record_turns(f"conv-burst-{n}", turns=1) for n in range(BURST)]
-    exporter = OTLPSpanExporter(endpoint=f"{live_uvicorn.url}/v1/traces",
-                                headers={"Authorization": f"Bearer {ingest_key()}"})
+    assert interval_ms == 200
     started = page.evaluate("performance.now()")
-    for spans in batches:  # as fast as the server answers: each request is one ingest commit
-        assert exporter.export(spans) is SpanExportResult.SUCCESS
+    send_burst(server, "conv-burst")
     sent = page.evaluate("performance.now()")
-    exporter.shutdown()
 
     expected = BURST * span_count(turns=1)
     expect(page.locator('#overview-totals [data-stat="conversations"]')).to_have_text(str(BURST), timeout=5000)
@@ -70,6 +86,31 @@ def test_a_burst_of_ingest_reaches_the_page_as_a_few_messages_that_miss_nothing(
     # it cannot do is put three messages inside two intervals.
     arrivals = [at for at, _ in changes]
     assert all(c - a >= 1.6 * interval_ms for a, c in zip(arrivals, arrivals[2:])), arrivals
+
+
+def test_a_stream_of_changes_is_fetched_by_the_page_at_its_own_pace_and_in_full(uvicorn_factory, artifact_dir,
+                                                                                 page, alice):
+    # Messages come at most every 25 ms (the default); the page fetches at most every 400 ms.
+    server = uvicorn_factory({"CTXLENS_ARTIFACT_DIR": str(artifact_dir), "CTXLENS_LIVE_REFRESH_MS": "400"})
+    page.add_init_script(RECORD_FRAMES)
+    log_in(page, server)
+    wait_live(page)
+    hello = page.evaluate("window.__frames.find(([, m]) => m.type === 'hello')[1]")
+    assert hello["interval_ms"] == settings.CTXLENS_LIVE_INTERVAL_MS and hello["refresh_ms"] == 400
+    wait_until_true(page, "window.__fetches.length >= 1", timeout_ms=5000)  # the catch-up on connect
+    before = page.evaluate("window.__fetches.length")
+
+    send_burst(server, "conv-stream")
+
+    # In full: the last fetch started after the last message, and the page shows every conversation.
+    expect(page.locator('#overview-totals [data-stat="conversations"]')).to_have_text(str(BURST), timeout=5000)
+    changes = page.evaluate("window.__frames.filter(([, m]) => m.type === 'changes').map(([at]) => at)")
+    fetches = page.evaluate("window.__fetches")[before:]
+    assert fetches and fetches[-1] >= changes[-1], (changes, fetches)
+    # At its own pace: more messages than fetches, and no two fetches closer than the gap (the
+    # page's timers never fire early; 1 ms for the clock's rounding).
+    assert len(changes) > len(fetches), (changes, fetches)
+    assert all(b - a >= 399 for a, b in zip(fetches, fetches[1:])), fetches
 
 
 def test_the_list_reconnects_after_a_server_restart_and_catches_up(uvicorn_factory, artifact_dir, page, alice):

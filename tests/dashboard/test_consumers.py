@@ -94,9 +94,10 @@ async def test_it_refuses_a_websocket_from_another_origin(session_cookie):
     assert not connected
 
 
-async def test_a_logged_in_browser_gets_hello_then_changes(session_cookie):
+async def test_a_logged_in_browser_gets_hello_then_changes(session_cookie, settings):
+    settings.CTXLENS_LIVE_INTERVAL_MS, settings.CTXLENS_LIVE_REFRESH_MS = 40, 300
     communicator = await connect("/ws/live/", session_cookie)
-    assert await communicator.receive_json_from() == {"type": "hello", "interval_ms": 250}
+    assert await communicator.receive_json_from() == {"type": "hello", "interval_ms": 40, "refresh_ms": 300}
     await sync_to_async(ingest_committed.send)(sender=None, changes=changes(7, round_id=70, tool_calls=2))
     message = await communicator.receive_json_from(timeout=2)
     assert message["type"] == "changes"
