@@ -5,7 +5,10 @@
    sample is one agent turn (invoke_agent → chat, execute_tool) encoded by the OpenTelemetry
    SDK's OTLP encoder and POSTed to /v1/traces; the clock runs from just before the POST to the
    arrival, in each client, of the first message naming the new conversation. Posts are spaced
-   wider than CTXLENS_LIVE_INTERVAL_MS so that the live throttle (one frame per group and interval, dashboard/hub.py) does not add to them.
+   0.40-0.65 s apart, at random: wider than CTXLENS_LIVE_INTERVAL_MS, and under --load at a
+   random phase of the frames the load causes, so the wait for the group's next frame (one
+   frame per group and interval, dashboard/hub.py) is in the figure as a user would see it.
+   Run with CTXLENS_LIVE_INTERVAL_MS=250 to see the previous default's figure.
    With --load N, the team's standard load (../shared/bench/otlp_load.py) is ingested at N
    spans/s meanwhile, and the rate the server actually accepted is printed.
 2. Server time of the overview and of a conversation page with 1,000,000 stored spans (plus
