@@ -215,12 +215,16 @@ async def _latency(port: int, clients: int, posts: int, session: str, key: str,
     for ws in sockets:
         assert json.loads(await ws.recv())["type"] == "hello"
 
+    messages = [0]
+
     async def listen(i: int, ws) -> None:
         async for raw in ws:
             arrived = time.perf_counter()
+            messages[0] += 1
             for pk in json.loads(raw).get("new_conversation_ids", ()):
                 first_named[i].setdefault(pk, arrived)
 
+    listening = time.perf_counter()
     listeners = [asyncio.create_task(listen(i, ws)) for i, ws in enumerate(sockets)]
     bodies = [(f"bench-live-{uuid.uuid4().hex}", None) for _ in range(posts)]
     bodies = [(cid, turn_body(cid)) for cid, _ in bodies]
@@ -255,6 +259,7 @@ async def _latency(port: int, clients: int, posts: int, session: str, key: str,
             print("  (the load ran out of new spans and re-sent some, which cost the server less)")
         print(f"  background ingest: {accepted:,} spans accepted in {seconds:.1f} s = {accepted / seconds:,.0f} "
               f"spans/s (asked {spans_per_s:,})")
+    print(f"  {messages[0] / clients / (time.perf_counter() - listening):.1f} messages per client per second")
     for task in listeners:
         task.cancel()
     for ws in sockets:
