@@ -34,17 +34,19 @@ static: install
 # Serve HTTP and websockets on one port with uvicorn (measured faster than daphne for large
 # OTLP bodies; `daphne config.asgi:application` works as well). DEBUG is off unless DEBUG=1;
 # static files come from var/staticfiles (`make static`). With CTXLENS_OTLP_GRPC_PORT set,
-# OTLP/gRPC ingest runs beside it on that port and stops with it.
+# OTLP/gRPC ingest runs beside it on that port and stops with it. Websocket messages are not
+# compressed: each is a few hundred bytes of JSON, and deflating it once per open page cost about
+# 8 % of the server's CPU with 200 pages open (bench/live.py, py-spy).
 run: migrate static
 	$(BIN)/python manage.py bootstrap
 	@if [ "$${CTXLENS_OTLP_GRPC_PORT:-0}" != "0" ]; then \
 		$(BIN)/python manage.py serve_otlp_grpc --host $(HOST) & grpc=$$!; \
 		trap 'kill $$grpc 2>/dev/null' EXIT INT TERM; \
 	fi; \
-	$(BIN)/uvicorn config.asgi:application --host $(HOST) --port $(PORT) --lifespan off --log-level warning
+	$(BIN)/uvicorn config.asgi:application --host $(HOST) --port $(PORT) --lifespan off --ws-per-message-deflate false --log-level warning
 
 serve: static
-	$(BIN)/uvicorn config.asgi:application --host $(HOST) --port $(PORT) --lifespan off --log-level warning
+	$(BIN)/uvicorn config.asgi:application --host $(HOST) --port $(PORT) --lifespan off --ws-per-message-deflate false --log-level warning
 
 # Browser tests drive Debian's chromium; install it when it is missing.
 chromium:

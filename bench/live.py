@@ -132,7 +132,8 @@ def start_server(env: dict[str, str], port: int) -> subprocess.Popen:
     import httpx
 
     server = subprocess.Popen([sys.executable, "-m", "uvicorn", "config.asgi:application", "--host", "127.0.0.1",
-                               "--port", str(port), "--lifespan", "off", "--log-level", "warning"], cwd=ROOT, env=env,
+                               "--port", str(port), "--lifespan", "off", "--ws-per-message-deflate", "false",
+                               "--log-level", "warning"], cwd=ROOT, env=env,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     for _ in range(300):
         try:
@@ -142,6 +143,14 @@ def start_server(env: dict[str, str], port: int) -> subprocess.Popen:
             time.sleep(0.1)
     server.kill()
     raise SystemExit("uvicorn did not start")
+
+
+def server_usage(pid: int) -> tuple[float, float]:
+    """(CPU seconds, peak RSS in MB) of the server process so far (bench/ingest.py reads /proc)."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    from ingest import cpu_seconds, peak_rss_mb
+
+    return cpu_seconds(pid), peak_rss_mb(pid)
 
 
 def credentials() -> tuple[str, str]:
@@ -274,7 +283,12 @@ def measure_latency(env: dict[str, str], clients: int, posts: int, spans_per_s: 
     port = free_port()
     server = start_server(env, port)
     try:
-        return asyncio.run(_latency(port, clients, posts, session, key, background, spans_per_s))
+        cpu, started = server_usage(server.pid)[0], time.perf_counter()
+        samples = asyncio.run(_latency(port, clients, posts, session, key, background, spans_per_s))
+        # Less noisy than the latencies on a shared machine: what the server itself spent.
+        cpu_after, rss = server_usage(server.pid)
+        print(f"  server CPU {(cpu_after - cpu) / (time.perf_counter() - started):.0%} of a core, peak RSS {rss:.0f} MB")
+        return samples
     finally:
         server.terminate()
         server.wait()

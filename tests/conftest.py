@@ -125,7 +125,8 @@ class LiveServer:
 SERVER_COMMANDS: dict[str, Callable[[int], list[str]]] = {
     # The flags of `make run`.
     "uvicorn": lambda port: [sys.executable, "-m", "uvicorn", "config.asgi:application", "--host", "127.0.0.1",
-                             "--port", str(port), "--lifespan", "off", "--log-level", "warning"],
+                             "--port", str(port), "--lifespan", "off", "--ws-per-message-deflate", "false",
+                             "--log-level", "warning"],
     "daphne": lambda port: [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
                             "config.asgi:application"],
 }
