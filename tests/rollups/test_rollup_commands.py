@@ -11,6 +11,7 @@ from django.core.management import call_command
 from django.core.management.base import SystemCheckError
 
 from pipeline.models import Rollup, ToolCall
+from pipeline.rollups.compact import rebuild_rollups
 from tests.factories import make_conversation
 
 pytestmark = pytest.mark.django_db
@@ -80,3 +81,19 @@ def test_a_conversation_deleted_in_the_admin_takes_its_calls_out_of_the_rollups(
 
     assert set(Rollup.objects.filter(kind="tool").values_list("grain", "calls")) == {("m", 1), ("h", 1), ("d", 1)}
     assert conversations_counted() == 1
+
+
+def test_rebuilding_one_kind_rebuilds_it_and_leaves_the_others():
+    """What migration 0016 runs on a database that has conversations but no conversation rollups."""
+    conversation = make_conversation(last_activity_at=NOW - timedelta(minutes=2))
+    with time_machine.travel(NOW, tick=False):
+        tool_call(conversation, NOW - timedelta(minutes=1), 1)
+        before = sorted(Rollup.objects.values_list("kind", "grain", "bucket_start", "calls", "latency"))
+        Rollup.objects.filter(kind="conversation").delete()
+        Rollup.objects.filter(kind="tool", grain="m").update(calls=7)  # a tool row a rebuild of all kinds would fix
+
+        assert rebuild_rollups(kinds=["conversation"]) == 3
+
+    after = sorted(Rollup.objects.values_list("kind", "grain", "bucket_start", "calls", "latency"))
+    assert [row for row in after if row[0] == "conversation"] == [row for row in before if row[0] == "conversation"]
+    assert [row[3] for row in after if row[0] == "tool"] == [1, 1, 7]  # d, h, m: untouched
