@@ -1,9 +1,9 @@
 """Read-side figures for the dashboard pages that the read API does not already compute.
 
 Every query is bounded by an indexed time range or a LIMIT, so page time does not grow with
-the number of stored spans. Windowed call figures (totals, tokens per minute, the latency
-histogram, errors by type) come from the rollups (pipeline.rollups), per-tool statistics from
-pipeline.stats.
+the number of stored spans. Windowed call figures (totals, conversations active in the window,
+tokens per minute, the latency histogram, errors by type) come from the rollups
+(pipeline.rollups), per-tool statistics from pipeline.stats.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from django.utils import timezone
 from pipeline.insight.findings import CODES, SEVERITIES
 from pipeline.models import CompressionEvent, Conversation, LLMCall, Status, ToolCall
 from pipeline.rollups import sketch
-from pipeline.rollups.figures import COMPRESSION, MODEL, TOOL, Figures
+from pipeline.rollups.figures import COMPRESSION, CONVERSATION, MODEL, TOOL, Figures
 from pipeline.rollups.read import figures_by_name, per_minute
 
 # Columns that can hold a whole context window (megabytes per row with a real agent). Lists,
@@ -108,7 +108,8 @@ def totals(since: datetime | None) -> Totals:
     tools = _all(figures_by_name(TOOL, since=since))
     compressions = _all(figures_by_name(COMPRESSION, since=since))
     return Totals(
-        conversations=_since(Conversation.objects.order_by(), "last_activity_at", since).count(),
+        # the conversations last active since `since`, counted by the rollups of their last activity
+        conversations=_all(figures_by_name(CONVERSATION, since=since)).calls,
         llm_calls=llm.calls,
         input_tokens=llm.sum("input_tokens"),
         output_tokens=llm.sum("output_tokens"),

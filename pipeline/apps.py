@@ -19,13 +19,13 @@ class PipelineConfig(AppConfig):
         self._connect_rollups()
 
     def _connect_rollups(self) -> None:
-        """LLM and tool calls saved through the ORM keep their rollups too (pipeline.rollups.track)."""
+        """Calls and conversations saved through the ORM keep their rollups too (pipeline.rollups.track)."""
         from django.db.models.signals import post_save, pre_delete, pre_save
 
         from pipeline.models import CompressionEvent, Conversation, LLMCall, ToolCall
         from pipeline.rollups import track
 
-        for model in (LLMCall, ToolCall, CompressionEvent):
+        for model in (LLMCall, ToolCall, CompressionEvent, Conversation):
             pre_save.connect(track.on_pre_save, sender=model, dispatch_uid=f"rollups.pre.{model.__name__}")
             post_save.connect(track.on_post_save, sender=model, dispatch_uid=f"rollups.post.{model.__name__}")
         pre_delete.connect(track.on_conversation_delete, sender=Conversation, dispatch_uid="rollups.conversation")

@@ -3,7 +3,8 @@ compressions) added up to in one time bucket.
 
 Kept at ingest in the transaction that writes the calls (pipeline.rollups), so windowed
 statistics read a few rows per bucket instead of every call. One row per (kind, name, grain,
-bucket): kind "tool" (name = tool name) or "model" (name = LLM call model); grain "m", "h" or
+bucket): kind "tool" (name = tool name), "model" (name = LLM call model), "compression" (name =
+strategy) or "conversation" (name "", `calls` = conversations last active in it); grain "m", "h" or
 "d" (a minute, an hour, a day, UTC) starting at `bucket_start`. Every call counts in all three
 grains; `compact_rollups` deletes minute rows older than CTXLENS_ROLLUP_MINUTE_HOURS and hour
 rows older than CTXLENS_ROLLUP_HOUR_DAYS, so old data is read by the hour or the day.
@@ -15,7 +16,7 @@ from django.db import models
 
 
 class Rollup(models.Model):
-    kind = models.CharField(max_length=16)  # "tool" | "model" | "compression" (name = strategy)
+    kind = models.CharField(max_length=16)  # "tool" | "model" | "compression" | "conversation"
     name = models.CharField(max_length=255)
     grain = models.CharField(max_length=1)  # "m" | "h" | "d"
     bucket_start = models.DateTimeField()

@@ -1,5 +1,9 @@
 """What one call adds to its rollups, and Figures: the sums that add and subtract.
 
+A conversation is rolled up too (kind "conversation", name ""): it counts once, in the bucket of
+its last activity, so the conversations active since a moment — the overview's count — are the
+rollups from that moment on. When its last activity moves, its count moves with it.
+
 A call's contribution is computed from its row (a saved or unsaved LLMCall / ToolCall, or the
 values of COLUMNS read from the database), so the same function serves ingest, updates,
 deletes, the rebuild and the raw rows at a window's edges: whatever path a row takes, it
@@ -15,14 +19,14 @@ from decimal import Decimal
 from typing import Any
 
 from pipeline.insight.levels import LEVELS
-from pipeline.models import CompressionEvent, LLMCall, ToolCall
+from pipeline.models import CompressionEvent, Conversation, LLMCall, ToolCall
 from pipeline.rollups import sketch
 
-TOOL, MODEL, COMPRESSION = "tool", "model", "compression"
-KIND_OF = {ToolCall: TOOL, LLMCall: MODEL, CompressionEvent: COMPRESSION}
-MODEL_OF = {TOOL: ToolCall, MODEL: LLMCall, COMPRESSION: CompressionEvent}
-NAME_COLUMN = {TOOL: "tool_name", MODEL: "model", COMPRESSION: "strategy"}
-TIME_COLUMN = {TOOL: "started_at", MODEL: "started_at", COMPRESSION: "occurred_at"}
+TOOL, MODEL, COMPRESSION, CONVERSATION = "tool", "model", "compression", "conversation"
+KIND_OF = {ToolCall: TOOL, LLMCall: MODEL, CompressionEvent: COMPRESSION, Conversation: CONVERSATION}
+MODEL_OF = {TOOL: ToolCall, MODEL: LLMCall, COMPRESSION: CompressionEvent, CONVERSATION: Conversation}
+NAME_COLUMN = {TOOL: "tool_name", MODEL: "model", COMPRESSION: "strategy"}  # conversations: one name, ""
+TIME_COLUMN = {TOOL: "started_at", MODEL: "started_at", COMPRESSION: "occurred_at", CONVERSATION: "last_activity_at"}
 COLUMNS = {
     TOOL: ("tool_name", "started_at", "duration_ms", "success", "error_type", "retry_count", "cache_hit",
            "observation_tokens", "input_tokens", "context_tokens", "context_carries", "context_cost_usd",
@@ -30,6 +34,7 @@ COLUMNS = {
     MODEL: ("model", "started_at", "duration_ms", "status", "error_type", "input_tokens", "output_tokens",
             "cache_read_tokens", "cache_write_tokens", "reasoning_tokens", "cost_usd"),
     COMPRESSION: ("strategy", "occurred_at", "tokens_before", "tokens_after"),
+    CONVERSATION: ("last_activity_at",),
 }
 DECIMALS = frozenset({"cost_usd", "context_cost_usd"})  # kept as decimal strings in the JSON sums
 
@@ -85,8 +90,11 @@ def _utc(value: datetime) -> datetime:
 
 
 def contribution(kind: str, row: dict[str, Any]) -> tuple[str, datetime, Figures]:
-    """(name, started_at in UTC, figures) of one call (or compression), from the values of COLUMNS[kind]."""
+    """(name, started_at in UTC, figures) of one call (or compression, or conversation: its last
+    activity), from the values of COLUMNS[kind]."""
     figures = Figures(calls=1)
+    if kind == CONVERSATION:
+        return "", _utc(row["last_activity_at"]), figures
     sums = figures.sums
     if kind == COMPRESSION:
         sums["tokens_before"] += row["tokens_before"] or 0

@@ -1,4 +1,4 @@
-"""Keep the rollups in step with the call rows, in the transaction that writes them.
+"""Keep the rollups in step with the call and conversation rows, in the transaction that writes them.
 
 Three hooks, one per kind of write, called where the rows are written:
 
@@ -6,7 +6,10 @@ Three hooks, one per kind of write, called where the rows are written:
     with updating(ToolCall, rows, names): ...   # pipeline.ingest.write.sql.update_rows
     deleting(ToolCall, ids)                     # replaced spans, retention.prune, a conversation deleted
 
-and the ORM's signals for calls saved through it (the admin, scripts, test fixtures).
+and the ORM's signals for rows saved or deleted through it (the admin, retention.prune, scripts,
+test fixtures). Conversations take the same hooks: inserted where ingest creates them
+(pipeline.ingest.write.conversations), updating when their last activity widens, deleting when
+a placeholder is folded into its named conversation or a conversation is deleted.
 
 Only rows actually written count, so a re-sent span (stored nowhere) changes nothing; an update
 takes the row's old contribution out and puts the new one in; a delete takes it out.
@@ -218,13 +221,17 @@ def updating(model: type[Model], rows: Sequence[Model], names: Sequence[str]) ->
 
 
 def on_conversation_delete(sender: type[Model], instance: Model, **kwargs: Any) -> None:
-    """A conversation deleted (the admin; prune's last step): its rows leave with the cascade."""
+    """A conversation deleted (the admin; prune's last step): it leaves its count, and its rows leave
+    with the cascade."""
+    deleting(sender, [instance.pk])
     for model in KIND_OF:
-        deleting(model, list(model.objects.filter(conversation_id=instance.pk).values_list("pk", flat=True)))
+        if model is not sender:
+            deleting(model, list(model.objects.filter(conversation_id=instance.pk).values_list("pk", flat=True)))
 
 
 def on_pre_save(sender: type[Model], instance: Model, raw: bool = False, **kwargs: Any) -> None:
-    """A call saved through the ORM (the admin, scripts, fixtures): take its stored version out."""
+    """A call or conversation saved through the ORM (the admin, scripts, fixtures): take its stored
+    version out."""
     if not raw and instance.pk is not None and not instance._state.adding:
         deleting(sender, [instance.pk])
 

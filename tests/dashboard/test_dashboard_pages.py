@@ -8,8 +8,10 @@ from datetime import timedelta
 
 import pytest
 from django.urls import reverse
+from django.utils import timezone
 
 from dashboard.context_bars import context_bar
+from pipeline.models import Conversation
 from tests.dashboard_fixtures import XSS_IMG, XSS_SCRIPT, make_conversation, make_skill, make_tool_call
 
 pytestmark = pytest.mark.django_db
@@ -88,6 +90,22 @@ def test_overview_shows_totals_tools_compressions_errors_and_chart_data(client_a
                                  html, re.S).group(1))
     assert len(chart["labels"]) == 60
     assert sum(chart["input"]) == sum(c.input_tokens for c in demo.llm_calls)
+
+
+def test_overview_counts_the_conversations_last_active_in_its_window(client_alice):
+    now = timezone.now()
+    ages = {"ten-minutes": timedelta(minutes=10), "three-hours": timedelta(hours=3), "two-days": timedelta(days=2),
+            "twenty-days": timedelta(days=20), "sixty-days": timedelta(days=60)}
+    stored = {name: Conversation.objects.create(external_id=name, started_at=now - timedelta(days=90),
+                                                last_activity_at=now - age) for name, age in ages.items()}
+    stored["sixty-days"].last_activity_at = now - timedelta(minutes=5)  # active again: it moves into the last hour
+    stored["sixty-days"].save()
+    stored["three-hours"].delete()
+
+    counted = {window: client_alice.get(reverse("overview"), {"window": window}).context["totals"].conversations
+               for window in ("1h", "24h", "7d", "30d", "all")}
+
+    assert counted == {"1h": 2, "24h": 2, "7d": 3, "30d": 4, "all": 4}
 
 
 def test_overview_fragments_render_the_same_partials_as_the_page(client_alice, demo):

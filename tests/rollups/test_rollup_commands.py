@@ -11,6 +11,7 @@ from django.core.management import call_command
 from django.core.management.base import SystemCheckError
 
 from pipeline.models import Rollup, ToolCall
+from pipeline.rollups.compact import rebuild_rollups
 from tests.factories import make_conversation
 
 pytestmark = pytest.mark.django_db
@@ -22,8 +23,12 @@ def tool_call(conversation, at: datetime, n: int) -> ToolCall:
                                    span_id=f"{n:016x}", started_at=at, duration_ms=12.0)
 
 
-def grains() -> dict[str, int]:
-    return {g: Rollup.objects.filter(grain=g).count() for g in "mhd"}
+def grains(kind: str = "tool") -> dict[str, int]:
+    return {g: Rollup.objects.filter(kind=kind, grain=g).count() for g in "mhd"}
+
+
+def conversations_counted() -> int:
+    return sum(Rollup.objects.filter(kind="conversation", grain="d").values_list("calls", flat=True))
 
 
 def test_compacting_drops_old_minutes_and_hours_and_keeps_the_days(settings):
@@ -39,20 +44,21 @@ def test_compacting_drops_old_minutes_and_hours_and_keeps_the_days(settings):
 
     assert grains() == {"m": 1, "h": 2, "d": 2}
     assert out.getvalue().startswith("compact_rollups: deleted 3 rollup rows")
-    assert sum(Rollup.objects.filter(grain="d").values_list("calls", flat=True)) == 3
+    assert sum(Rollup.objects.filter(kind="tool", grain="d").values_list("calls", flat=True)) == 3
 
 
 def test_rebuilding_restores_rollups_lost_to_a_manual_delete():
-    conversation = make_conversation()
+    conversation = make_conversation(last_activity_at=NOW - timedelta(minutes=2))
     with time_machine.travel(NOW, tick=False):
         tool_call(conversation, NOW - timedelta(minutes=1), 1)
-        before = sorted(Rollup.objects.values_list("grain", "bucket_start", "calls", "latency"))
+        before = sorted(Rollup.objects.values_list("kind", "grain", "bucket_start", "calls", "latency"))
         Rollup.objects.all().delete()
         out = StringIO()
         call_command("rebuild_rollups", stdout=out)
 
-    assert sorted(Rollup.objects.values_list("grain", "bucket_start", "calls", "latency")) == before
-    assert out.getvalue().strip() == "rebuild_rollups: wrote 3 rollup rows"
+    assert sorted(Rollup.objects.values_list("kind", "grain", "bucket_start", "calls", "latency")) == before
+    assert grains("conversation") == grains("tool") == {"m": 1, "h": 1, "d": 1}
+    assert out.getvalue().strip() == "rebuild_rollups: wrote 6 rollup rows"
 
 
 @pytest.mark.parametrize(("name", "check_id"), [("CTXLENS_ROLLUP_MINUTE_HOURS", "pipeline.E080"),
@@ -69,6 +75,25 @@ def test_a_conversation_deleted_in_the_admin_takes_its_calls_out_of_the_rollups(
     tool_call(deleted, NOW, 2)
     tool_call(deleted, NOW, 3)
 
+    assert conversations_counted() == 2
+
     deleted.delete()  # what the admin's delete action does: the calls go with the cascade
 
-    assert set(Rollup.objects.values_list("grain", "calls")) == {("m", 1), ("h", 1), ("d", 1)}
+    assert set(Rollup.objects.filter(kind="tool").values_list("grain", "calls")) == {("m", 1), ("h", 1), ("d", 1)}
+    assert conversations_counted() == 1
+
+
+def test_rebuilding_one_kind_rebuilds_it_and_leaves_the_others():
+    """What migration 0016 runs on a database that has conversations but no conversation rollups."""
+    conversation = make_conversation(last_activity_at=NOW - timedelta(minutes=2))
+    with time_machine.travel(NOW, tick=False):
+        tool_call(conversation, NOW - timedelta(minutes=1), 1)
+        before = sorted(Rollup.objects.values_list("kind", "grain", "bucket_start", "calls", "latency"))
+        Rollup.objects.filter(kind="conversation").delete()
+        Rollup.objects.filter(kind="tool", grain="m").update(calls=7)  # a tool row a rebuild of all kinds would fix
+
+        assert rebuild_rollups(kinds=["conversation"]) == 3
+
+    after = sorted(Rollup.objects.values_list("kind", "grain", "bucket_start", "calls", "latency"))
+    assert [row for row in after if row[0] == "conversation"] == [row for row in before if row[0] == "conversation"]
+    assert [row[3] for row in after if row[0] == "tool"] == [1, 1, 7]  # d, h, m: untouched

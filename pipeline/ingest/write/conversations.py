@@ -43,6 +43,7 @@ from pipeline.models import (
     ToolRequest,
     ToolResultCarry,
 )
+from pipeline.rollups import track as rollups
 
 PROFILE_FIELDS = ("agent_name", "user_id", "service_name")
 CONVERSATION_COLUMNS = ("id", "external_id", "started_at", "last_activity_at", "title", "title_explicit",
@@ -141,10 +142,10 @@ def resolve_conversations(
             external, started = target[trace_id], min(s.started_at for s in group)
             if external in missing and (external not in first or started < first[external]):
                 first[external] = started
-        sql.insert_rows(
-            Conversation, [Conversation(external_id=e, started_at=first[e], last_activity_at=first[e]) for e in missing],
-            ignore_conflicts=True,
-        )
+        new = [Conversation(external_id=e, started_at=first[e], last_activity_at=first[e]) for e in sorted(missing)]
+        # only the rows this insert wrote count in the rollups: a concurrent writer's were counted by it
+        inserted = sql.insert_new(Conversation, new, "external_id")
+        rollups.inserted(Conversation, [c for c in new if c.external_id in inserted])
         fresh = _conversations_by_external_id(sorted(missing))
         created = {c.id for c in fresh.values()}
         ids.update({e: c.id for e, c in fresh.items()})
@@ -203,6 +204,7 @@ def merge_conversation(placeholder_id: int, into: Conversation) -> set[int]:
     for model in CONVERSATION_ROWS:
         sql.execute(f"UPDATE {sql.table(model)} SET conversation_id = %s WHERE conversation_id = %s",
                     [into.id, placeholder_id])
+    rollups.deleting(Conversation, [placeholder_id])
     sql.execute(f"DELETE FROM {sql.table(Conversation)} WHERE id = %s", [placeholder_id])  # nothing refers to it now
     tool_context.update_after_merge(into.id, results)
     into.started_at = min(into.started_at, placeholder.started_at)

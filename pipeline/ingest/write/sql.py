@@ -190,8 +190,33 @@ def insert_values(
 
 def insert_rows(model: type[Model], rows: Sequence[Model], *, ignore_conflicts: bool = False) -> None:
     """INSERT unsaved instances (no primary keys come back: see `fetch_ids`)."""
+    if rows:
+        names, params = _prepared(model, rows)
+        insert_values(model, names, params, ignore_conflicts=ignore_conflicts)
+
+
+# Rows per INSERT … RETURNING: one statement each, its parameters under SQLite's old limit of 999.
+RETURNING_PARAMS = 900
+
+
+def insert_new(model: type[Model], rows: Sequence[Model], key: str) -> set[Any]:
+    """INSERT unsaved instances, skipping those a unique constraint refuses (a concurrent writer's
+    won), and return the `key` values of the rows this statement actually inserted."""
     if not rows:
-        return
+        return set()
+    names, params = _prepared(model, rows)
+    returning = quote(model._meta.get_field(key).column)
+    inserted: set[Any] = set()
+    for chunk in chunked(params, max(1, RETURNING_PARAMS // len(names))):
+        values = ", ".join([f"({marks(names)})"] * len(chunk))
+        query = (f"INSERT INTO {table(model)} ({columns(names)}) VALUES {values} "
+                 f"ON CONFLICT DO NOTHING RETURNING {returning}")
+        inserted.update(value for (value,) in fetch(query, [v for row in chunk for v in row]))
+    return inserted
+
+
+def _prepared(model: type[Model], rows: Sequence[Model]) -> tuple[list[str], list[list[Any]]]:
+    """The columns of `model` but its primary key, and each row's values for them, prepared."""
     fields = [f for f in model._meta.concrete_fields if not f.primary_key]
     for f in fields:
         if getattr(f, "auto_now_add", False) or getattr(f, "auto_now", False):
@@ -206,7 +231,7 @@ def insert_rows(model: type[Model], rows: Sequence[Model], *, ignore_conflicts: 
         for i, prep in prepared:
             value[i] = prep(value[i])
         params.append(value)
-    insert_values(model, [f.column for f in fields], params, ignore_conflicts=ignore_conflicts)
+    return [f.column for f in fields], params
 
 
 def update_rows(model: type[Model], rows: Iterable[Model], names: Sequence[str]) -> int:

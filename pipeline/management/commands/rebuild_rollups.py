@@ -1,5 +1,5 @@
-"""Recompute every rollup from the stored LLM and tool calls (after a restore, a manual delete,
-or an upgrade that added rollups).
+"""Recompute every rollup from the stored LLM and tool calls, compressions and conversations
+(after a restore, a manual delete, or an upgrade that added rollups).
 
     manage.py rebuild_rollups
 """
@@ -12,7 +12,8 @@ from pipeline.rollups.compact import rebuild_rollups
 
 
 class Command(BaseCommand):
-    help = "Recompute the rollups from the stored calls in one transaction; prints a one-line summary."
+    help = ("Recompute the rollups from the stored calls and conversations in one transaction; prints a "
+            "one-line summary.")
 
     def handle(self, *args: object, **options: object) -> None:
         self.stdout.write(f"rebuild_rollups: wrote {rebuild_rollups()} rollup rows")
