@@ -147,8 +147,7 @@ def start_server(env: dict[str, str], port: int) -> subprocess.Popen:
 
 def server_usage(pid: int) -> tuple[float, float]:
     """(CPU seconds, peak RSS in MB) of the server process so far (bench/ingest.py reads /proc)."""
-    sys.path.insert(0, str(ROOT / "bench"))
-    from ingest import cpu_seconds, peak_rss_mb
+    from bench.ingest import cpu_seconds, peak_rss_mb
 
     return cpu_seconds(pid), peak_rss_mb(pid)
 
@@ -168,8 +167,7 @@ def credentials() -> tuple[str, str]:
 
 def background_bodies(spans_per_s: int, seconds: float) -> list[tuple[bytes, int]]:
     """The team's standard load (../shared/bench/otlp_load.py), enough of it for `seconds`."""
-    sys.path.insert(0, str(ROOT / "bench"))
-    from ingest import load_generator
+    from bench.ingest import load_generator
 
     load = load_generator()
     requests = load.build_requests(int(spans_per_s * seconds), 100, run_id=f"live-{os.getpid()}")
@@ -278,8 +276,9 @@ async def _latency(port: int, clients: int, posts: int, session: str, key: str,
 
 def measure_latency(env: dict[str, str], clients: int, posts: int, spans_per_s: int = 0) -> list[float]:
     session, key = credentials()
-    # As long as the samples take (each at least 0.4 s apart), and the warm-up, with room to spare.
-    background = background_bodies(spans_per_s, posts * 0.6 + 10) if spans_per_s else None
+    # As long as the samples take (each 0.40-0.65 s apart plus its latency), and the warm-up,
+    # with room to spare.
+    background = background_bodies(spans_per_s, posts * 0.9 + 10) if spans_per_s else None
     port = free_port()
     server = start_server(env, port)
     try:

@@ -26,6 +26,9 @@ def check_ctxlens_settings(app_configs: object = None, **kwargs: object) -> list
     positive("CTXLENS_RETENTION_DAYS", "pipeline.E005")
     positive("CTXLENS_ROLLUP_MINUTE_HOURS", "pipeline.E080")
     positive("CTXLENS_ROLLUP_HOUR_DAYS", "pipeline.E081")
+    positive("CTXLENS_LIVE_INTERVAL_MS", "pipeline.E082")
+    if settings.CTXLENS_LIVE_REFRESH_MS < 0:
+        errors.append(Error("CTXLENS_LIVE_REFRESH_MS must be 0 or more.", id="pipeline.E083"))
     if not 0 < settings.CTXLENS_COMPRESSION_THRESHOLD <= 1:
         errors.append(Error("CTXLENS_COMPRESSION_THRESHOLD must be in (0, 1].", id="pipeline.E006"))
     if not 0 < settings.CTXLENS_OVERSIZED_OBSERVATION_RATIO <= 1:

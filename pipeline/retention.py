@@ -148,11 +148,15 @@ def prune(
                 deleted, batches = delete_in_batches(rows, batch_size)
             _count(result, model, deleted)
             result.batches += batches
-        with transaction.atomic():
-            # Re-check under the transaction: a span ingested meanwhile makes the conversation current again.
-            _, per_model = Conversation.objects.filter(
+        with transaction.atomic(), rollups.batched():
+            # Locked, then re-checked: a span ingested meanwhile makes the conversation current
+            # again, and one being ingested now is waited for. Locking before the delete reads
+            # what leaves the rollups also takes the locks in ingest's order (conversation, then
+            # rollup rows), so the two cannot deadlock.
+            old = list(Conversation.objects.select_for_update().filter(
                 pk__in=conversation_ids, last_activity_at__lt=result.cutoff
-            ).delete()
+            ).order_by("pk").values_list("pk", flat=True))
+            _, per_model = Conversation.objects.filter(pk__in=old).delete()
         result.batches += 1 + _recount_survivors(conversation_ids)
         result.conversations += per_model.get(Conversation._meta.label, 0)
         for label, count in per_model.items():

@@ -1,10 +1,11 @@
-"""Windowed figures per tool or per model: rollup rows for the whole buckets inside the window,
-raw calls only for the parts at its edges that no stored bucket covers.
+"""Windowed figures per tool, model or compression strategy, and conversation counts: rollup
+rows for the whole buckets inside the window, raw rows only for the parts at its edges that no
+stored bucket covers.
 
 A window [since, until) is covered from the coarsest grain down: whole days from the day rows
 (kept for ever), the rest at each edge by whole hours from the hour rows where they are still
 kept, the rest by whole minutes likewise, and what is left — less than a minute near now, less
-than an hour or a day further back — from the calls themselves. Everything but the latency
+than an hour or a day further back — from the rows themselves. Everything but the latency
 percentiles is therefore exact; those come from the merged sketches (pipeline.rollups.sketch):
 within 2 % of the duration at the percentile's rank.
 """
@@ -83,7 +84,8 @@ def cover(since: datetime | None, until: datetime | None, now: datetime | None =
 
 def figures_by_name(kind: str, *, since: datetime | None = None, until: datetime | None = None,
                     name: str | None = None, now: datetime | None = None) -> dict[str, Figures]:
-    """{name: Figures} of the `kind` ("tool" / "model" / "compression") rows started in [since, until)."""
+    """{name: Figures} of the `kind` ("tool" / "model" / "compression" / "conversation") rows whose
+    time (started, or a conversation's last activity) is in [since, until)."""
     segments, raw = cover(since, until, now or timezone.now())
     out: dict[str, Figures] = defaultdict(Figures)
     for sign in (1, -1):

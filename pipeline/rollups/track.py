@@ -237,6 +237,9 @@ def on_pre_save(sender: type[Model], instance: Model, raw: bool = False, **kwarg
 
 
 def on_post_save(sender: type[Model], instance: Model, raw: bool = False, **kwargs: Any) -> None:
-    """...and put the saved version in. Ingest writes with SQL (the hooks above), not through here."""
-    if not raw:
-        inserted(sender, [instance])
+    """...and put the stored version in, read back: `save(update_fields=…)` writes only some of
+    the instance's values. Ingest writes with SQL (the hooks above), not through here."""
+    if not raw and sender in KIND_OF and instance.pk is not None:
+        deltas = _deltas()
+        deltas.add(KIND_OF[sender], _stored_values_by_id(sender, [instance.pk]).values())
+        deltas.write()

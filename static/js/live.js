@@ -62,11 +62,12 @@ export function liveSocket(path, { onOpen = () => {}, onChanges = () => {} } = {
 }
 
 // Run `task` now, or once more after the current run if one is in flight: never two at once,
-// never a queue of stale refreshes, and runs at least `refreshGapMs` apart (the server's
-// "hello" sets it: CTXLENS_LIVE_REFRESH_MS). The websocket says within a few tens of
-// milliseconds that something changed; the first change after a quiet spell is fetched at once,
-// and under a steady stream of changes each page fetches at its own pace, so a hundred open
-// pages do not turn every commit into a hundred page renders. A run that fails (the server
+// never a queue of stale refreshes, and a run starts at least `refreshGapMs` after the last one
+// ended (the server's "hello" sets it: CTXLENS_LIVE_REFRESH_MS). The websocket says within a few
+// tens of milliseconds that something changed; the first change after a quiet spell is fetched
+// at once, and under a steady stream of changes each page fetches at its own pace, so a hundred
+// open pages do not turn every commit into a hundred page renders (in a hidden tab the browser
+// stretches the pause to its timer throttling, a second or more). A run that fails (the server
 // restarting, a proxy error) is tried again after a growing pause, so the page does not stay
 // behind until the next change.
 const RETRY_FIRST_MS = 1000;
@@ -82,16 +83,17 @@ export function serialised(task) {
   let again = false;
   let retryIn = RETRY_FIRST_MS;
   let retry = null;
-  let lastStart = -Infinity;
+  let lastEnd = -Infinity;
   const run = () => {
     if (running) { again = true; return running; }
     clearTimeout(retry);
     running = (async () => {
       do {
-        const wait = lastStart + refreshGapMs - performance.now();
+        // From the end of the last run, so a slow server (a render taking longer than the gap)
+        // still gets a pause from every page between its fetches.
+        const wait = lastEnd + refreshGapMs - performance.now();
         if (wait > 0) await sleep(wait);
         again = false;  // what changed while this run waited, it fetches
-        lastStart = performance.now();
         try {
           await task();
           retryIn = RETRY_FIRST_MS;
@@ -101,6 +103,8 @@ export function serialised(task) {
           retry = setTimeout(run, retryIn);
           retryIn = Math.min(retryIn * 2, RETRY_MAX_MS);
           break;
+        } finally {
+          lastEnd = performance.now();
         }
       } while (again);
       running = null;

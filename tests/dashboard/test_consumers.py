@@ -232,3 +232,4 @@ async def test_a_socket_that_goes_away_mid_handshake_leaves_the_group(session_co
         await asyncio.wait_for(application(scope, inbox.get, send), 10)
     # Channels calls no disconnect() for a socket it never accepted: the consumer left the hub itself
     assert set(layer.groups.get(LIVE_GROUP, {})) == before
+

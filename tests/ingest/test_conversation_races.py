@@ -20,7 +20,7 @@ from django.db import connection, connections, transaction
 from pipeline import semconv as sc
 from pipeline.ingest.records import SpanRecord
 from pipeline.ingest.write.store import store_spans
-from pipeline.models import Conversation, Span
+from pipeline.models import Conversation, Rollup, Span
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
@@ -118,6 +118,10 @@ def at(ms: int) -> datetime:
     return datetime.fromtimestamp((T0 + ms * MS) / 1e9, tz=UTC)
 
 
+def conversations_in_rollups() -> int:
+    return sum(Rollup.objects.filter(kind="conversation", grain="d").values_list("calls", flat=True))
+
+
 def test_concurrent_requests_for_one_conversation_only_widen_its_times_and_the_first_title_wins():
     store_spans([span("1" * 32, "1" * 16, 0, 10, **{sc.CONVERSATION_ID: "widened"})])
     held = Held([span("2" * 32, "2" * 16, 100, 1000, **{sc.CONVERSATION_ID: "widened",
@@ -131,6 +135,19 @@ def test_concurrent_requests_for_one_conversation_only_widen_its_times_and_the_f
     assert (conversation.started_at, conversation.last_activity_at) == (at(0), at(1000))
     assert (conversation.title, conversation.title_explicit) == ("The first title", True)
     assert conversation.round_count == 3
+    assert conversations_in_rollups() == 1
+
+
+def test_two_requests_creating_one_new_conversation_count_it_once():
+    held = Held([span("4" * 32, "4" * 16, 0, 100, **{sc.CONVERSATION_ID: "fresh"})])
+    # Its INSERT of the same conversation waits on the held one's uncommitted row, then skips it.
+    other = run_until_it_waits(lambda: store_spans([span("5" * 32, "5" * 16, 50, 300, **{sc.CONVERSATION_ID: "fresh"})]))
+    held.commit()
+    finish(other)
+
+    conversation = Conversation.objects.get()
+    assert (conversation.started_at, conversation.last_activity_at, conversation.round_count) == (at(0), at(300), 2)
+    assert conversations_in_rollups() == 1
 
 
 @pytest.mark.parametrize("root_first", [True, False], ids=["root-first", "children-first"])
@@ -148,3 +165,4 @@ def test_a_trace_whose_root_and_children_arrive_in_concurrent_requests_stays_in_
     assert Span.objects.filter(trace_id=TRACE, conversation__external_id="named").count() == 4
     conversation = Conversation.objects.get()
     assert (conversation.round_count, conversation.llm_call_count) == (1, 3)
+    assert conversations_in_rollups() == 1  # a placeholder folded in leaves no count behind

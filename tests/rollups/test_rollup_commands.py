@@ -97,3 +97,18 @@ def test_rebuilding_one_kind_rebuilds_it_and_leaves_the_others():
     after = sorted(Rollup.objects.values_list("kind", "grain", "bucket_start", "calls", "latency"))
     assert [row for row in after if row[0] == "conversation"] == [row for row in before if row[0] == "conversation"]
     assert [row[3] for row in after if row[0] == "tool"] == [1, 1, 7]  # d, h, m: untouched
+
+
+def test_saving_some_fields_of_a_stale_instance_counts_what_is_stored():
+    with time_machine.travel(NOW, tick=False):
+        conversation = make_conversation(last_activity_at=NOW - timedelta(hours=5))
+        stale = type(conversation).objects.get(pk=conversation.pk)
+        stale.last_activity_at = NOW - timedelta(hours=1)  # never written: only the title is saved
+        stale.title = "Renamed"
+        stale.save(update_fields=["title"])
+        rebuilt = sorted(Rollup.objects.filter(kind="conversation").values_list("grain", "bucket_start", "calls"))
+        Rollup.objects.all().delete()
+        rebuild_rollups()
+
+    assert conversations_counted() == 1
+    assert sorted(Rollup.objects.filter(kind="conversation").values_list("grain", "bucket_start", "calls")) == rebuilt

@@ -46,6 +46,8 @@ def test_environment_values_parse(monkeypatch):
         ("CTXLENS_ARTIFACT_THRESHOLD_BYTES", -1, "pipeline.E001"),
         ("CTXLENS_SAMPLING", "sometimes", "pipeline.E007"),
         ("CTXLENS_OTLP_COMPRESSION", "brotli", "pipeline.E008"),
+        ("CTXLENS_LIVE_INTERVAL_MS", 0, "pipeline.E082"),
+        ("CTXLENS_LIVE_REFRESH_MS", -1, "pipeline.E083"),
     ],
 )
 def test_a_system_check_reports_a_bad_setting(settings, name, value, error_id):

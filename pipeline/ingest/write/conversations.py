@@ -12,8 +12,9 @@ time is no activity. A title a span states (ctxlens.conversation.title) is kept:
 stored one wins, and the first user message no longer names the conversation.
 
 Rows are found with hand-written SELECTs (pipeline.ingest.write.sql) because this runs for every
-ingest batch; creation is an INSERT that skips conflicts (sql.insert_rows) and a re-read, so two
-writers racing on PostgreSQL both end up with the same row. A conversation is locked before it
+ingest batch; creation is an INSERT that skips conflicts (sql.insert_new) and a re-read, so two
+writers racing on PostgreSQL both end up with the same row, and only the writer whose INSERT
+wrote it counts it in the rollups. A conversation is locked before it
 is read for widening (first write wins, times only widen, however requests interleave), and
 the traces of a batch are locked before their conversations are decided (`sql.lock_traces`),
 so a trace whose root and children arrive in concurrent requests is not split in two.

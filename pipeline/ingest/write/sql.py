@@ -195,24 +195,18 @@ def insert_rows(model: type[Model], rows: Sequence[Model], *, ignore_conflicts: 
         insert_values(model, names, params, ignore_conflicts=ignore_conflicts)
 
 
-# Rows per INSERT … RETURNING: one statement each, its parameters under SQLite's old limit of 999.
-RETURNING_PARAMS = 900
-
-
 def insert_new(model: type[Model], rows: Sequence[Model], key: str) -> set[Any]:
     """INSERT unsaved instances, skipping those a unique constraint refuses (a concurrent writer's
-    won), and return the `key` values of the rows this statement actually inserted."""
+    won), and return the `key` values of the rows actually inserted.
+
+    One statement per row, told apart by its row count: RETURNING would need SQLite 3.35, and
+    the rows are few (a batch's new conversations)."""
     if not rows:
         return set()
     names, params = _prepared(model, rows)
-    returning = quote(model._meta.get_field(key).column)
-    inserted: set[Any] = set()
-    for chunk in chunked(params, max(1, RETURNING_PARAMS // len(names))):
-        values = ", ".join([f"({marks(names)})"] * len(chunk))
-        query = (f"INSERT INTO {table(model)} ({columns(names)}) VALUES {values} "
-                 f"ON CONFLICT DO NOTHING RETURNING {returning}")
-        inserted.update(value for (value,) in fetch(query, [v for row in chunk for v in row]))
-    return inserted
+    query = f"INSERT INTO {table(model)} ({columns(names)}) VALUES ({marks(names)}) ON CONFLICT DO NOTHING"
+    keys = attrgetter(model._meta.get_field(key).attname)
+    return {keys(row) for row, values in zip(rows, params) if execute(query, values) == 1}
 
 
 def _prepared(model: type[Model], rows: Sequence[Model]) -> tuple[list[str], list[list[Any]]]:
