@@ -16,6 +16,7 @@ from django.utils import timezone
 
 from pipeline.ingest.write import sql
 from pipeline.ingest.write.artifacts import store_observation_artifacts
+from pipeline.ingest.write import precount
 from pipeline.ingest.write.linking import RoundRows, link_compressions, save_requests
 from pipeline.ingest.normalise.span import NormalisedSpan
 from pipeline.ingest.write.sanitise import clamp_integers
@@ -114,8 +115,12 @@ def build_rows(
     return out
 
 
-def insert_rows(spans: list[NormalisedSpan], rows: dict[str, list], links: RoundRows, stored_rounds: set[int]) -> None:
-    """Insert in dependency order, linking new rows to each other and to the stored ones on the way."""
+def insert_rows(
+    spans: list[NormalisedSpan], rows: dict[str, list], links: RoundRows, stored_rounds: set[int],
+    counts: dict[tuple[str, str], precount.Precount] | None = None,
+) -> None:
+    """Insert in dependency order, linking new rows to each other and to the stored ones on the way;
+    `counts`: tool observations counted before the transaction, kept where the linking confirms them."""
     links.add(rows["llm"], rows["tool"])
     links.number_steps()
     sql.insert_values(Span, SPAN_COLUMNS, rows["span"])
@@ -127,6 +132,7 @@ def insert_rows(spans: list[NormalisedSpan], rows: dict[str, list], links: Round
     if rows["tool"]:
         refs = {(s.record.trace_id, s.record.span_id): s.tool["artifact_ref"] for s in spans if s.tool}
         store_observation_artifacts(rows["tool"], refs)
+        precount.apply(rows["tool"], rows["llm"], counts or {})
         sql.insert_rows(ToolCall, rows["tool"])
         rollups.inserted(ToolCall, rows["tool"])
         sql.fetch_ids(ToolCall, rows["tool"])
