@@ -34,8 +34,17 @@ ZERO = timedelta(0)
 ORJSON_AS_JSON = orjson.OPT_PASSTHROUGH_DATETIME | orjson.OPT_PASSTHROUGH_DATACLASS
 
 
+_quoted: dict[str, str] = {}
+
+
 def quote(name: str) -> str:
-    return connection.ops.quote_name(name)
+    """The backend's quoting of a table or column name, remembered: every statement here names a
+    dozen columns, and each `connection` attribute access is a thread-local lookup. (SQLite and
+    PostgreSQL quote alike, and a process has one default database.)"""
+    quoted = _quoted.get(name)
+    if quoted is None:
+        quoted = _quoted[name] = connection.ops.quote_name(name)
+    return quoted
 
 
 def table(model: type[Model]) -> str:
