@@ -85,6 +85,7 @@ def build_rows(
     """Prepared Span rows and unsaved model instances for the rest, by model."""
     out: dict[str, list] = {"span": [], "llm": [], "tool": [], "compression": [], "skill": []}
     span_rows = _SpanRows(source)
+    new_llm_call, new_tool_call = sql.row_maker(LLMCall), sql.row_maker(ToolCall)
     for s in spans:
         r = s.record
         conversation_id = conversations[r.trace_id].id
@@ -99,13 +100,13 @@ def build_rows(
             "status": s.status, "error_type": s.error_type, "error_message": s.error_message,
         }
         if s.llm is not None:
-            call = LLMCall(**common, **timing, **s.llm)
+            call = new_llm_call(**common, **timing, **s.llm)
             price_llm_call(call)
             out["llm"].append(call)
         elif s.tool is not None:
             fields = dict(s.tool)
             fields.pop("artifact_ref")
-            out["tool"].append(ToolCall(**common, **timing, success=s.status == "ok", **fields))
+            out["tool"].append(new_tool_call(**common, **timing, success=s.status == "ok", **fields))
         elif s.compression is not None:
             out["compression"].append(CompressionEvent(**common, occurred_at=s.started_at, **s.compression))
         elif s.skill is not None:
