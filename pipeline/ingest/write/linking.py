@@ -27,7 +27,7 @@ from typing import Any
 
 from datetime import datetime
 
-from django.db.models import Exists, OuterRef, QuerySet, Subquery
+from django.db.models import Exists, OuterRef, QuerySet
 
 from pipeline.ingest.normalise.messages import last_text, tool_calls_of, tool_responses_of
 from pipeline.ingest.write import sql
@@ -351,12 +351,14 @@ def link_compressions(new: list[CompressionEvent], rows: RoundRows, stored_round
         event.llm_call_id = next(
             (c.pk for c in rows.llm.get(event.round_id, ()) if c.started_at >= event.occurred_at), None
         )
-    if stored_round_ids:
-        next_call = (
-            LLMCall.objects.filter(round_id=OuterRef("round_id"), started_at__gte=OuterRef("occurred_at"))
-            .order_by("started_at").values("id")[:1]
+    if stored_round_ids:  # the ORM's UPDATE … SET = (subquery), written out: it runs for most batches
+        ids = sorted(stored_round_ids)
+        events, calls = sql.table(CompressionEvent), sql.table(LLMCall)
+        sql.execute(
+            f"UPDATE {events} SET llm_call_id = (SELECT c.id FROM {calls} c WHERE c.round_id = {events}.round_id "
+            f"AND c.started_at >= {events}.occurred_at ORDER BY c.started_at LIMIT 1) "
+            f"WHERE round_id IN ({sql.marks(ids)})", ids,
         )
-        CompressionEvent.objects.filter(round_id__in=stored_round_ids).update(llm_call_id=Subquery(next_call))
 
 
 def relink_stored(round_ids: set[int], rounds: Iterable[Round]) -> None:
