@@ -166,8 +166,11 @@ class Prepare:
         return self._ops.adapt_json_value(value, None)
 
     def datetime(self, value: datetime | None) -> Any:
-        if self._utc_text and value is not None and value.utcoffset() == ZERO:
-            return str(value.replace(tzinfo=None))  # what the SQLite adapter gives, minus zoneinfo
+        if self._utc_text and value is not None:  # what the SQLite adapter gives, minus zoneinfo
+            if value.tzinfo is UTC:  # the normaliser's datetimes: str() ends in "+00:00"
+                return str(value)[:-6]
+            if value.utcoffset() == ZERO:
+                return str(value.replace(tzinfo=None))
         return self._ops.adapt_datetimefield_value(value)
 
     def for_field(self, field: Any) -> Callable[[Any], Any] | None:
