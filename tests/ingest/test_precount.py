@@ -95,3 +95,34 @@ def test_a_tool_requested_by_its_call_id_is_counted_for_the_requesting_model():
     assert tool.llm_call.span_id == "00000000000000c1"
     assert not tool.tokens_pending
     assert _counts(tool) == count_observation(observation, "claude-3-5-sonnet-20241022")
+
+
+def _otlp_json(spans: list[SpanRecord]) -> bytes:
+    def value(v):
+        return {"intValue": str(v)} if isinstance(v, int) else {"stringValue": v}
+
+    return json.dumps({"resourceSpans": [{"resource": {"attributes": []}, "scopeSpans": [{"spans": [
+        {"traceId": s.trace_id, "spanId": s.span_id, "parentSpanId": s.parent_span_id, "name": s.name,
+         "startTimeUnixNano": str(s.start_time_unix_nano), "endTimeUnixNano": str(s.end_time_unix_nano),
+         "attributes": [{"key": k, "value": value(v)} for k, v in s.attributes.items()]}
+        for s in spans]}]}]}).encode()
+
+
+@pytest.mark.parametrize("chunk_spans", [1000, 2])  # one transaction; one per trace
+def test_the_ingest_service_keeps_the_up_front_counts_of_every_chunk(settings, chunk_spans):
+    """The receivers store a request a chunk of traces per transaction (pipeline.ingest.service):
+    each chunk carries the counts made for its tools."""
+    from pipeline.ingest import service
+    from pipeline.ingest.decode import otlp
+    from pipeline.models import ApiKey
+
+    settings.CTXLENS_INGEST_CHUNK_SPANS = chunk_spans
+    observation = OBSERVATIONS["short"]
+    body = _otlp_json([_chat("e" * 32, "00000000000000c1", 1, "gpt-4o"), _tool("e" * 32, "00000000000000d1", 3, observation),
+                       _chat("f" * 32, "00000000000000c2", 1, "gpt-4o"), _tool("f" * 32, "00000000000000d2", 3, observation)])
+    key = ApiKey.generate("agent")[0]
+    outcome = service.ingest(service.IngestRequest("otlp", body, content_type=otlp.JSON), key=key)
+    assert isinstance(outcome, service.Accepted), outcome
+    tools = ToolCall.objects.all()
+    assert len(tools) == 2
+    assert all(not t.tokens_pending and _counts(t) == count_observation(observation, "gpt-4o") for t in tools)
