@@ -30,7 +30,7 @@ from django.db import connection, transaction
 from django.db.models import Model
 
 from pipeline.models import Rollup
-from pipeline.rollups.figures import COLUMNS, KIND_OF, Figures, contribution, values_of
+from pipeline.rollups.figures import COLUMNS, KIND_OF, Figures, add_contribution, name_and_start, values_of
 
 GRAINS = {"m": timedelta(minutes=1), "h": timedelta(hours=1), "d": timedelta(days=1)}
 Key = tuple[str, str, datetime, str]  # kind, grain, bucket_start, name
@@ -59,8 +59,9 @@ class Deltas:
         row is gathered by the finest grain still kept at its start (a rebuild keeps no minutes
         of old data, so it need not hold them): the hour or day start stands for its minute."""
         for row in rows:
-            name, started, figures = contribution(kind, row)
-            self.by_key[(kind, "m", floor(started, finest(started) if finest else "m"), name)].add(figures, sign)
+            name, started = name_and_start(kind, row)
+            minute = floor(started, finest(started) if finest else "m")
+            add_contribution(kind, row, self.by_key[(kind, "m", minute, name)], sign)
 
     def expanded(self) -> dict[Key, Figures]:
         out: dict[Key, Figures] = defaultdict(Figures)
@@ -126,7 +127,8 @@ def _locked_rows(keys: Sequence[Key]) -> dict[Key, tuple]:
     adapt = connection.ops.adapt_datetimefield_value
     for i in range(0, len(wanted), CHUNK):
         chunk = wanted[i:i + CHUNK]
-        params = [value for n, (kind, grain, start, name) in enumerate(chunk) for value in (n, kind, grain, adapt(start), name)]
+        params = [value for n, (kind, grain, start, name) in enumerate(chunk)
+                  for value in (n, kind, grain, adapt(start), name)]
         with connection.cursor() as cursor:
             cursor.execute(
                 f"SELECT v.column1, r.id, r.calls, r.sums, r.errors, r.latency "
