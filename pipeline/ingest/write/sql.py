@@ -293,11 +293,21 @@ def fetch_ids(model: type[Model], rows: Sequence[Model]) -> None:
 
 # ---- reads ----------------------------------------------------------------------------------
 
+def _converter(field: Any) -> Callable[[Any], Any] | None:
+    """What the ORM does to a raw value of `field` that a raw query does not (None: nothing)."""
+    if isinstance(field, DateTimeField):
+        return to_datetime
+    if isinstance(field, JSONField):  # JSON text on SQLite (and from Django's PostgreSQL connection)
+        return lambda value: field.from_db_value(value, None, connection)
+    return None
+
+
 def instances(model: type[Model], names: Sequence[str], rows: Iterable[Sequence[Any]]) -> list[Model]:
-    """Model instances from raw rows of the columns `names` (datetimes converted)."""
+    """Model instances from raw rows of the columns `names` (datetimes and JSON converted as the
+    ORM converts them)."""
     meta = model._meta
     fields = [meta.get_field(n) for n in names]
-    converters = [to_datetime if isinstance(f, DateTimeField) else None for f in fields]
+    converters = [_converter(f) for f in fields]
     # from_db expects the values in the model's field order
     order = sorted(range(len(fields)), key=lambda i: meta.concrete_fields.index(fields[i]))
     attnames = [fields[i].attname for i in order]
