@@ -12,6 +12,7 @@ import base64
 from collections.abc import Iterable
 from typing import Any
 
+import orjson
 from django.utils import timezone
 
 from pipeline.ingest.write import sql
@@ -41,6 +42,13 @@ def jsonable(value: Any) -> Any:
     return value
 
 
+def _base64(value: Any) -> str:
+    """orjson's `default` for attribute values: bytes as `jsonable` writes them, anything else refused."""
+    if isinstance(value, bytes):
+        return base64.b64encode(value).decode()
+    raise TypeError
+
+
 SPAN_COLUMNS = (
     "trace_id", "span_id", "parent_span_id", "name", "kind", "otel_kind", "status_code", "status_message",
     "start_time", "end_time", "start_time_unix_nano", "end_time_unix_nano", "duration_ms", "service_name",
@@ -59,20 +67,29 @@ class _SpanRows:
         self.empty = self.prepare.json([])
         self.resources: dict[int, Any] = {}  # the spans of one ResourceSpans share its dict
 
+    def json(self, value: Any) -> Any:
+        """`prepare.json(jsonable(value))`. Where that is orjson's text (SQLite), orjson writes bytes
+        as base64 itself, so the values, which seldom hold any, are not walked first."""
+        if self.prepare.json_as_text:
+            try:
+                return orjson.dumps(value, default=_base64, option=sql.ORJSON_AS_JSON).decode()
+            except TypeError:  # what orjson refuses: prepare.json decides, as before
+                pass
+        return self.prepare.json(jsonable(value))
+
     def values(self, s: NormalisedSpan, conversation_id: int) -> list[Any]:
-        r, json = s.record, self.prepare.json
+        r, json = s.record, self.json
         resource = self.resources.get(id(r.resource))
         if resource is None:
-            resource = self.resources[id(r.resource)] = json(jsonable(r.resource))
-        events = json([{"name": e.name, "time_unix_nano": e.time_unix_nano, "attributes": jsonable(e.attributes)}
+            resource = self.resources[id(r.resource)] = json(r.resource)
+        events = json([{"name": e.name, "time_unix_nano": e.time_unix_nano, "attributes": e.attributes}
                        for e in r.events]) if r.events else self.empty
         return [
             r.trace_id, r.span_id, r.parent_span_id, r.name[:1000], s.span_kind, r.kind, r.status_code,
             r.status_message, self.prepare.datetime(s.started_at), self.prepare.datetime(s.ended_at),
             r.start_time_unix_nano, r.end_time_unix_nano, s.duration_ms, s.service_name, r.scope_name[:255],
-            r.scope_version[:64], json(jsonable(r.attributes)), events,
-            json(jsonable(r.links)) if r.links else self.empty, resource, conversation_id, self.source,
-            self.received,
+            r.scope_version[:64], json(r.attributes), events, json(r.links) if r.links else self.empty, resource,
+            conversation_id, self.source, self.received,
         ]
 
 

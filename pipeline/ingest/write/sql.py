@@ -155,6 +155,7 @@ class Prepare:
         self.connection = connections[DEFAULT_DB_ALIAS]
         self._ops = self.connection.ops
         self._sqlite = self.connection.vendor == "sqlite"
+        self.json_as_text = self._sqlite  # json() gives orjson's text (else the backend's adapter)
         self._utc_text = self._sqlite and settings.USE_TZ and self.connection.timezone_name == "UTC"
 
     def json(self, value: Any) -> Any:
