@@ -209,7 +209,7 @@ def _store_in_chunks(prepared: PreparedBatch, source: str, logs: list[LogRecord]
     result = prepared.result
     for number, spans in enumerate(chunks, 1):
         last = number == len(chunks)
-        chunk = PreparedBatch(spans, IngestResult())
+        chunk = PreparedBatch(spans, IngestResult(), prepared.counts)
         stored = run_store(lambda chunk=chunk, last=last: store_prepared(chunk, source=source, logs=logs if last else None))
         result.accepted += stored.accepted
         result.duplicates += stored.duplicates

@@ -92,47 +92,66 @@ def _utc(value: datetime) -> datetime:
 def contribution(kind: str, row: dict[str, Any]) -> tuple[str, datetime, Figures]:
     """(name, started_at in UTC, figures) of one call (or compression, or conversation: its last
     activity), from the values of COLUMNS[kind]."""
-    figures = Figures(calls=1)
+    figures = Figures()
+    add_contribution(kind, row, figures)
+    return (*name_and_start(kind, row), figures)
+
+
+def name_and_start(kind: str, row: dict[str, Any]) -> tuple[str, datetime]:
+    """The rollup name and the time (UTC) of one call, compression or conversation: which buckets it goes to."""
+    return (row[NAME_COLUMN[kind]] or "") if kind in NAME_COLUMN else "", _utc(row[TIME_COLUMN[kind]])
+
+
+def _bump(counter: Counter, key: str, sign: int) -> None:
+    counter[key] += sign
+    if not counter[key]:
+        del counter[key]
+
+
+def add_contribution(kind: str, row: dict[str, Any], into: Figures, sign: int = 1) -> None:
+    """Add (sign=1) or take out (sign=-1) one call's figures, read from the values of COLUMNS[kind]:
+    `into.add(contribution(kind, row)[2], sign)` without building the call's own Figures (ingest
+    does this for every call it writes). A conversation is one count, nothing more."""
+    into.calls += sign
     if kind == CONVERSATION:
-        return "", _utc(row["last_activity_at"]), figures
-    sums = figures.sums
+        return
+    sums = into.sums
     if kind == COMPRESSION:
-        sums["tokens_before"] += row["tokens_before"] or 0
-        sums["tokens_after"] += row["tokens_after"] or 0
-        return row["strategy"] or "", _utc(row["occurred_at"]), figures
+        sums["tokens_before"] += sign * (row["tokens_before"] or 0)
+        sums["tokens_after"] += sign * (row["tokens_after"] or 0)
+        return
     duration = row["duration_ms"]
     if duration is not None:
-        sums["duration_n"] += 1
-        sums["duration_ms"] += duration
-        figures.latency[sketch.bucket_of(duration)] += 1
+        sums["duration_n"] += sign
+        sums["duration_ms"] += sign * duration
+        _bump(into.latency, sketch.bucket_of(duration), sign)
     if kind == TOOL:
         if not row["success"]:
-            figures.errors[row["error_type"] or ""] += 1
+            _bump(into.errors, row["error_type"] or "", sign)
         for key in ("retry_count", "observation_tokens", "input_tokens", "context_tokens", "context_carries"):
-            sums[key] += row[key] or 0
-        sums["successes"] += bool(row["success"])
-        sums["cache_hits"] += bool(row["cache_hit"])
+            sums[key] += sign * (row[key] or 0)
+        sums["successes"] += sign * bool(row["success"])
+        sums["cache_hits"] += sign * bool(row["cache_hit"])
         if row["context_cost_usd"] is not None:
-            sums["context_cost_usd"] += Decimal(row["context_cost_usd"])
-            sums["context_priced"] += 1
+            sums["context_cost_usd"] += sign * Decimal(row["context_cost_usd"])
+            sums["context_priced"] += sign
         levels = row["tokens_at_level"]
         if isinstance(levels, dict) and LEVELS[0] in levels:
             carries = row["context_carries"] or 0
-            sums["level_calls"] += 1
-            sums["level_carried"] += (row["observation_tokens"] or 0) * carries
+            sums["level_calls"] += sign
+            sums["level_carried"] += sign * (row["observation_tokens"] or 0) * carries
             for level in LEVELS:
                 at = _int(levels.get(level))
-                sums[f"at_{level}"] += at
-                sums[f"carried_{level}"] += at * carries
+                sums[f"at_{level}"] += sign * at
+                sums[f"carried_{level}"] += sign * at * carries
     else:
         if row["status"] == "error":
-            figures.errors[row["error_type"] or ""] += 1
+            _bump(into.errors, row["error_type"] or "", sign)
         for key in ("input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens", "reasoning_tokens"):
-            sums[key] += row[key] or 0
+            sums[key] += sign * (row[key] or 0)
         if row["cost_usd"] is not None:
-            sums["cost_usd"] += Decimal(row["cost_usd"])
-            sums["priced"] += 1
-    return row[NAME_COLUMN[kind]] or "", _utc(row["started_at"]), figures
+            sums["cost_usd"] += sign * Decimal(row["cost_usd"])
+            sums["priced"] += sign
 
 
 def _int(value: Any) -> int:

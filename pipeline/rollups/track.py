@@ -21,6 +21,7 @@ hook writes its own.
 
 from __future__ import annotations
 
+import json
 import threading
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -32,7 +33,7 @@ from django.db import connection, transaction
 from django.db.models import Model
 
 from pipeline.models import Rollup
-from pipeline.rollups.figures import COLUMNS, KIND_OF, Figures, contribution, values_of
+from pipeline.rollups.figures import COLUMNS, KIND_OF, Figures, add_contribution, name_and_start, values_of
 
 GRAINS = {"m": timedelta(minutes=1), "h": timedelta(hours=1), "d": timedelta(days=1)}
 Key = tuple[str, str, datetime, str]  # kind, grain, bucket_start, name
@@ -61,8 +62,9 @@ class Deltas:
         row is gathered by the finest grain still kept at its start (a rebuild keeps no minutes
         of old data, so it need not hold them): the hour or day start stands for its minute."""
         for row in rows:
-            name, started, figures = contribution(kind, row)
-            self.by_key[(kind, "m", floor(started, finest(started) if finest else "m"), name)].add(figures, sign)
+            name, started = name_and_start(kind, row)
+            minute = floor(started, finest(started) if finest else "m")
+            add_contribution(kind, row, self.by_key[(kind, "m", minute, name)], sign)
 
     def expanded(self) -> dict[Key, Figures]:
         out: dict[Key, Figures] = defaultdict(Figures)
@@ -118,21 +120,26 @@ def write_deltas(by_key: dict[Key, Figures]) -> None:
 
 def _locked_rows(keys: Sequence[Key]) -> dict[Key, tuple]:
     """The stored rows of `keys`, locked (FOR UPDATE on PostgreSQL, so that two batches adding to
-    a bucket take turns); one query per chunk over a superset (the combinations of the keys'
-    kinds, names and starts), which names every column of the unique index: no scan."""
-    wanted = set(keys)
+    a bucket take turns), in id order: the keys are a VALUES list joined on the unique index, one
+    probe per key (a filter by each column's values would read every combination of them, a few
+    hundred rows with their JSON for the thirty keys of an ingest batch)."""
     found: dict[Key, tuple] = {}
-    kinds = sorted({k[0] for k in wanted})
-    names = sorted({k[3] for k in wanted})
-    starts = sorted({k[2] for k in wanted})
-    for i in range(0, len(starts), CHUNK):
-        rows = (Rollup.objects.select_for_update().order_by("pk")
-                .filter(kind__in=kinds, grain__in=sorted(GRAINS), bucket_start__in=starts[i:i + CHUNK],
-                        name__in=names)
-                .values_list("kind", "grain", "bucket_start", "name", "pk", "calls", "sums", "errors", "latency"))
-        for kind, grain, start, name, *stored in rows:
-            if (kind, grain, start, name) in wanted:
-                found[(kind, grain, start, name)] = stored
+    wanted = sorted(set(keys))
+    table, quote = connection.ops.quote_name(Rollup._meta.db_table), connection.ops.quote_name
+    lock = " FOR UPDATE OF r" if connection.features.has_select_for_update else ""
+    adapt = connection.ops.adapt_datetimefield_value
+    for i in range(0, len(wanted), CHUNK):
+        chunk = wanted[i:i + CHUNK]
+        params = [value for n, (kind, grain, start, name) in enumerate(chunk)
+                  for value in (n, kind, grain, adapt(start), name)]
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"SELECT v.column1, r.id, r.calls, r.sums, r.errors, r.latency "
+                f"FROM (VALUES {', '.join(['(%s, %s, %s, %s, %s)'] * len(chunk))}) AS v JOIN {table} r "
+                f"ON r.kind = v.column2 AND r.grain = v.column3 AND r.{quote('bucket_start')} = v.column4 "
+                f"AND r.name = v.column5 ORDER BY r.id{lock}", params)
+            for n, pk, calls, *figures in cursor.fetchall():
+                found[chunk[n]] = (pk, calls, *(json.loads(f) if isinstance(f, str) else f for f in figures))
     return found
 
 

@@ -54,3 +54,24 @@ def test_values_json_takes_read_back_the_same(value):
     stored, refused = _ingest_prepares(value)
     assert refused is None
     assert json.loads(stored) == json.loads(json.dumps(value))
+
+
+@pytest.mark.parametrize("value", [
+    {"a": [1, 2.5, "é", None, True], "nested": {"b": "c"}},
+    {"raw": b"\x00\xffbytes", "list": [b"one", {"deeper": b"two"}]},
+    [b"top level"],
+    {1: "integer key", "raw": b"x"},
+    {"big": 2**70, "raw": b"x"},
+])
+def test_span_attributes_are_written_as_jsonable_then_prepared(value):
+    """_SpanRows.json lets orjson write bytes as base64 itself: the same text as jsonable first."""
+    from pipeline.ingest.write.rows import _SpanRows, jsonable
+
+    assert _SpanRows("otlp").json(value) == Prepare().json(jsonable(value))
+
+
+def test_span_attributes_json_refuses_what_prepare_refuses():
+    from pipeline.ingest.write.rows import _SpanRows
+
+    with pytest.raises(TypeError):
+        _SpanRows("otlp").json({"at": datetime(2026, 1, 1, tzinfo=UTC), "raw": b"x"})

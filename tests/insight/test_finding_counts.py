@@ -73,10 +73,15 @@ def test_a_change_during_a_refresh_leaves_the_conversation_stale_for_the_next_on
 def test_counting_an_observation_after_the_response_refreshes_the_counts(api):
     observation = "row 17: revenue 4,210 EUR, region north; " * 60  # some 700 tokens, counted after ingest
     asked = assistant(None, ("call_1", "query_sales", {"quarter": "Q3"}))
-    conversation_id = (Conversation("counted-later").turn("r1", "Sales?")
-                       .llm([system(), user("Sales?")], asked, window=2000, input_tokens=300)
-                       .tool("call_1", "query_sales", {"quarter": "Q3"}, observation, tokens=None)
-                       .send(api))
+    asking = Conversation("counted-later").turn("r1", "Sales?").llm([system(), user("Sales?")], asked, window=2000,
+                                                                    input_tokens=300)
+    conversation_id = asking.send(api)
+    # The tool in a request of its own: without its requesting call in the batch, its tokens are
+    # counted after the response (in the same batch they are counted before it:
+    # pipeline.ingest.write.precount).
+    answering = Conversation("counted-later")
+    answering.clock = asking.clock
+    answering.tool("call_1", "query_sales", {"quarter": "Q3"}, observation, tokens=None).send(api)
     finding_counts.refresh_stale()
     assert stored(conversation_id) == ({}, 0, False)  # its tokens are not counted yet
 

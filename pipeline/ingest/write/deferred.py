@@ -1,7 +1,9 @@
 """Token work the ingest response does not wait for, done right after it and never lost.
 
 Rows that arrive without token counts are stored with `tokens_pending=True`: LLM calls with
-messages but without usage counts, and tool calls without `ctxlens.tool.observation_tokens`.
+messages but without usage counts, and tool calls without `ctxlens.tool.observation_tokens`
+whose observation the ingest could not count before its transaction (the requesting LLM call
+not in the batch: pipeline.ingest.write.precount).
 `complete_some()` tokenises a chunk of them (`pipeline.tokens.counting.count_tokens`), fills the counts,
 the context composition and the cost, clears the flag, re-aggregates the touched rounds and sends
 `ingest_committed` again. `schedule()` counts on a thread of its own and queues only the write
@@ -37,6 +39,7 @@ from django.db import OperationalError, connections, transaction
 
 from pipeline.ingest.normalise.composition import composition_from_counts
 from pipeline.ingest.write import sql, tool_context, tool_levels
+from pipeline.ingest.write.precount import count_observation
 from pipeline.ingest.write.sql import update_rows
 from pipeline.ingest.write.writer_threads import writer
 from pipeline.insight.costs import price_llm_call
@@ -112,11 +115,8 @@ def _mark(call: LLMCall, counted: MessageCounts) -> None:
 
 
 def _count_tool_call(tool: ToolCall) -> None:
-    from pipeline.tokens.counting import count_tokens_bounded, is_approximate
-
     model = tool.llm_call.model if tool.llm_call else None
-    tool.observation_tokens, tool.tokens_estimated = count_tokens_bounded(tool.observation, model)
-    tool.tokens_approximate = tool.tokens_estimated or is_approximate(model)
+    tool.observation_tokens, tool.tokens_estimated, tool.tokens_approximate = count_observation(tool.observation, model)
     tool.tokens_pending = False
 
 

@@ -21,13 +21,13 @@ unfinished span replaced, the rounds are read whole (`RoundRows.load`).
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from datetime import datetime
 
-from django.db.models import Exists, OuterRef, QuerySet, Subquery
+from django.db.models import Exists, OuterRef, QuerySet
 
 from pipeline.ingest.normalise.messages import last_text, tool_calls_of, tool_responses_of
 from pipeline.ingest.write import sql
@@ -63,6 +63,17 @@ def _rows_in(query: QuerySet, name: str, values: Iterable[Any]) -> list[Any]:
     return [row for chunk in sql.chunked(sorted(set(values)), IN_CHUNK) for row in query.filter(**{f"{name}__in": chunk})]
 
 
+def _in_rounds(model: type[LLMCall | ToolCall], names: Sequence[str], round_ids: Iterable[int]) -> list:
+    """`model.objects.only(*names).filter(round_id__in=round_ids)` (in the models' order, by start),
+    written out: it runs for most batches (the rounds of a conversation a placeholder merged into)."""
+    out = []
+    for chunk in sql.chunked(sorted(set(round_ids)), IN_CHUNK):
+        rows = sql.fetch(f"SELECT {sql.columns(names)} FROM {sql.table(model)} WHERE round_id IN ({sql.marks(chunk)}) "
+                         f"ORDER BY started_at", chunk)
+        out += sql.instances(model, names, rows)
+    return out
+
+
 @dataclass
 class RoundRows:
     """The LLM and tool calls of some rounds: stored ones (loaded) and new ones (not yet saved).
@@ -85,12 +96,10 @@ class RoundRows:
     def load(cls, round_ids: Iterable[int], rows: RoundRows | None = None) -> RoundRows:
         """Everything the rounds hold (added to `rows`, when given)."""
         rows = rows if rows is not None else cls()
-        round_ids = list(round_ids)
-        if round_ids:
-            for call in _rows_in(LLMCall.objects.only(*LLM_FIELDS), "round_id", round_ids):
-                rows.llm[call.round_id].append(call)
-            for tool in _rows_in(ToolCall.objects.only(*TOOL_FIELDS), "round_id", round_ids):
-                rows.tools[tool.round_id].append(tool)
+        for call in _in_rounds(LLMCall, LLM_FIELDS, round_ids):
+            rows.llm[call.round_id].append(call)
+        for tool in _in_rounds(ToolCall, TOOL_FIELDS, round_ids):
+            rows.tools[tool.round_id].append(tool)
         return rows
 
     @classmethod
@@ -351,12 +360,14 @@ def link_compressions(new: list[CompressionEvent], rows: RoundRows, stored_round
         event.llm_call_id = next(
             (c.pk for c in rows.llm.get(event.round_id, ()) if c.started_at >= event.occurred_at), None
         )
-    if stored_round_ids:
-        next_call = (
-            LLMCall.objects.filter(round_id=OuterRef("round_id"), started_at__gte=OuterRef("occurred_at"))
-            .order_by("started_at").values("id")[:1]
+    if stored_round_ids:  # the ORM's UPDATE … SET = (subquery), written out: it runs for most batches
+        ids = sorted(stored_round_ids)
+        events, calls = sql.table(CompressionEvent), sql.table(LLMCall)
+        sql.execute(
+            f"UPDATE {events} SET llm_call_id = (SELECT c.id FROM {calls} c WHERE c.round_id = {events}.round_id "
+            f"AND c.started_at >= {events}.occurred_at ORDER BY c.started_at LIMIT 1) "
+            f"WHERE round_id IN ({sql.marks(ids)})", ids,
         )
-        CompressionEvent.objects.filter(round_id__in=stored_round_ids).update(llm_call_id=Subquery(next_call))
 
 
 def relink_stored(round_ids: set[int], rounds: Iterable[Round]) -> None:

@@ -12,10 +12,12 @@ import base64
 from collections.abc import Iterable
 from typing import Any
 
+import orjson
 from django.utils import timezone
 
 from pipeline.ingest.write import sql
 from pipeline.ingest.write.artifacts import store_observation_artifacts
+from pipeline.ingest.write import precount
 from pipeline.ingest.write.linking import RoundRows, link_compressions, save_requests
 from pipeline.ingest.normalise.span import NormalisedSpan
 from pipeline.ingest.write.sanitise import clamp_integers
@@ -40,6 +42,13 @@ def jsonable(value: Any) -> Any:
     return value
 
 
+def _base64(value: Any) -> str:
+    """orjson's `default` for attribute values: bytes as `jsonable` writes them, anything else refused."""
+    if isinstance(value, bytes):
+        return base64.b64encode(value).decode()
+    raise TypeError
+
+
 SPAN_COLUMNS = (
     "trace_id", "span_id", "parent_span_id", "name", "kind", "otel_kind", "status_code", "status_message",
     "start_time", "end_time", "start_time_unix_nano", "end_time_unix_nano", "duration_ms", "service_name",
@@ -58,20 +67,29 @@ class _SpanRows:
         self.empty = self.prepare.json([])
         self.resources: dict[int, Any] = {}  # the spans of one ResourceSpans share its dict
 
+    def json(self, value: Any) -> Any:
+        """`prepare.json(jsonable(value))`. Where that is orjson's text (SQLite), orjson writes bytes
+        as base64 itself, so the values, which seldom hold any, are not walked first."""
+        if self.prepare.json_as_text:
+            try:
+                return orjson.dumps(value, default=_base64, option=sql.ORJSON_AS_JSON).decode()
+            except TypeError:  # what orjson refuses: prepare.json decides, as before
+                pass
+        return self.prepare.json(jsonable(value))
+
     def values(self, s: NormalisedSpan, conversation_id: int) -> list[Any]:
-        r, json = s.record, self.prepare.json
+        r, json = s.record, self.json
         resource = self.resources.get(id(r.resource))
         if resource is None:
-            resource = self.resources[id(r.resource)] = json(jsonable(r.resource))
-        events = json([{"name": e.name, "time_unix_nano": e.time_unix_nano, "attributes": jsonable(e.attributes)}
+            resource = self.resources[id(r.resource)] = json(r.resource)
+        events = json([{"name": e.name, "time_unix_nano": e.time_unix_nano, "attributes": e.attributes}
                        for e in r.events]) if r.events else self.empty
         return [
             r.trace_id, r.span_id, r.parent_span_id, r.name[:1000], s.span_kind, r.kind, r.status_code,
             r.status_message, self.prepare.datetime(s.started_at), self.prepare.datetime(s.ended_at),
             r.start_time_unix_nano, r.end_time_unix_nano, s.duration_ms, s.service_name, r.scope_name[:255],
-            r.scope_version[:64], json(jsonable(r.attributes)), events,
-            json(jsonable(r.links)) if r.links else self.empty, resource, conversation_id, self.source,
-            self.received,
+            r.scope_version[:64], json(r.attributes), events, json(r.links) if r.links else self.empty, resource,
+            conversation_id, self.source, self.received,
         ]
 
 
@@ -84,6 +102,7 @@ def build_rows(
     """Prepared Span rows and unsaved model instances for the rest, by model."""
     out: dict[str, list] = {"span": [], "llm": [], "tool": [], "compression": [], "skill": []}
     span_rows = _SpanRows(source)
+    new_llm_call, new_tool_call = sql.row_maker(LLMCall), sql.row_maker(ToolCall)
     for s in spans:
         r = s.record
         conversation_id = conversations[r.trace_id].id
@@ -98,13 +117,13 @@ def build_rows(
             "status": s.status, "error_type": s.error_type, "error_message": s.error_message,
         }
         if s.llm is not None:
-            call = LLMCall(**common, **timing, **s.llm)
+            call = new_llm_call(**common, **timing, **s.llm)
             price_llm_call(call)
             out["llm"].append(call)
         elif s.tool is not None:
             fields = dict(s.tool)
             fields.pop("artifact_ref")
-            out["tool"].append(ToolCall(**common, **timing, success=s.status == "ok", **fields))
+            out["tool"].append(new_tool_call(**common, **timing, success=s.status == "ok", **fields))
         elif s.compression is not None:
             out["compression"].append(CompressionEvent(**common, occurred_at=s.started_at, **s.compression))
         elif s.skill is not None:
@@ -114,8 +133,12 @@ def build_rows(
     return out
 
 
-def insert_rows(spans: list[NormalisedSpan], rows: dict[str, list], links: RoundRows, stored_rounds: set[int]) -> None:
-    """Insert in dependency order, linking new rows to each other and to the stored ones on the way."""
+def insert_rows(
+    spans: list[NormalisedSpan], rows: dict[str, list], links: RoundRows, stored_rounds: set[int],
+    counts: dict[tuple[str, str], precount.Precount] | None = None,
+) -> None:
+    """Insert in dependency order, linking new rows to each other and to the stored ones on the way;
+    `counts`: tool observations counted before the transaction, kept where the linking confirms them."""
     links.add(rows["llm"], rows["tool"])
     links.number_steps()
     sql.insert_values(Span, SPAN_COLUMNS, rows["span"])
@@ -127,6 +150,7 @@ def insert_rows(spans: list[NormalisedSpan], rows: dict[str, list], links: Round
     if rows["tool"]:
         refs = {(s.record.trace_id, s.record.span_id): s.tool["artifact_ref"] for s in spans if s.tool}
         store_observation_artifacts(rows["tool"], refs)
+        precount.apply(rows["tool"], rows["llm"], counts or {})
         sql.insert_rows(ToolCall, rows["tool"])
         rollups.inserted(ToolCall, rows["tool"])
         sql.fetch_ids(ToolCall, rows["tool"])

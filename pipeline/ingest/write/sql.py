@@ -21,6 +21,10 @@ import orjson
 from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS, connection, connections
 from django.db.models import DateTimeField, JSONField, Model
+from django.db.models.base import ModelState
+from django.db.models.fields.related_descriptors import ForeignKeyDeferredAttribute
+from django.db.models.query_utils import DeferredAttribute
+from django.db.models.signals import post_init, pre_init
 from django.utils.dateparse import parse_datetime
 
 from pipeline.ingest.write.sanitise import integer_clamp
@@ -34,8 +38,17 @@ ZERO = timedelta(0)
 ORJSON_AS_JSON = orjson.OPT_PASSTHROUGH_DATETIME | orjson.OPT_PASSTHROUGH_DATACLASS
 
 
+_quoted: dict[str, str] = {}
+
+
 def quote(name: str) -> str:
-    return connection.ops.quote_name(name)
+    """The backend's quoting of a table or column name, remembered: every statement here names a
+    dozen columns, and each `connection` attribute access is a thread-local lookup. (SQLite and
+    PostgreSQL quote alike, and a process has one default database.)"""
+    quoted = _quoted.get(name)
+    if quoted is None:
+        quoted = _quoted[name] = connection.ops.quote_name(name)
+    return quoted
 
 
 def table(model: type[Model]) -> str:
@@ -142,6 +155,7 @@ class Prepare:
         self.connection = connections[DEFAULT_DB_ALIAS]
         self._ops = self.connection.ops
         self._sqlite = self.connection.vendor == "sqlite"
+        self.json_as_text = self._sqlite  # json() gives orjson's text (else the backend's adapter)
         self._utc_text = self._sqlite and settings.USE_TZ and self.connection.timezone_name == "UTC"
 
     def json(self, value: Any) -> Any:
@@ -153,8 +167,11 @@ class Prepare:
         return self._ops.adapt_json_value(value, None)
 
     def datetime(self, value: datetime | None) -> Any:
-        if self._utc_text and value is not None and value.utcoffset() == ZERO:
-            return str(value.replace(tzinfo=None))  # what the SQLite adapter gives, minus zoneinfo
+        if self._utc_text and value is not None:  # what the SQLite adapter gives, minus zoneinfo
+            if value.tzinfo is UTC:  # the normaliser's datetimes: str() ends in "+00:00"
+                return str(value)[:-6]
+            if value.utcoffset() == ZERO:
+                return str(value.replace(tzinfo=None))
         return self._ops.adapt_datetimefield_value(value)
 
     def for_field(self, field: Any) -> Callable[[Any], Any] | None:
@@ -249,6 +266,40 @@ def update_rows(model: type[Model], rows: Iterable[Model], names: Sequence[str])
     return len(rows)
 
 
+def row_maker(model: type[Model]) -> Callable[..., Model]:
+    """A function that builds unsaved instances as `model(**values)` does — every field's default,
+    then `values` — for rows ingest builds by the thousand: without Model.__init__'s per-field
+    descriptor calls and keyword juggling, which cost more than the rest of building a row.
+
+    The instance is the same: Model.__init__ sets each field's attribute, and for the plain field
+    descriptors of these models that stores the value in the instance's dict. A model with init
+    signal receivers or another descriptor, and values that name anything but field attnames (a
+    related instance, a property), go through Model.__init__ instead.
+    """
+    fields = [f for f in model._meta.concrete_fields if not f.generated]
+    plain = all(type(model.__dict__.get(f.attname)) in (DeferredAttribute, ForeignKeyDeferredAttribute)
+                for f in fields)
+    if not plain or pre_init.has_listeners(model) or post_init.has_listeners(model):
+        return model
+    defaults = [(f.attname, f.get_default) for f in fields]
+    names = frozenset(name for name, _ in defaults)
+    new = object.__new__
+
+    def make(**values: Any) -> Model:
+        if not names.issuperset(values):
+            return model(**values)
+        row = new(model)
+        row._state = ModelState()
+        state = row.__dict__
+        for name, default in defaults:
+            if name not in values:
+                state[name] = default()
+        state.update(values)
+        return row
+
+    return make
+
+
 def fetch_ids(model: type[Model], rows: Sequence[Model]) -> None:
     """Set the primary keys of rows just inserted, found again by their (trace_id, span_id)."""
     if not rows:
@@ -262,11 +313,21 @@ def fetch_ids(model: type[Model], rows: Sequence[Model]) -> None:
 
 # ---- reads ----------------------------------------------------------------------------------
 
+def _converter(field: Any) -> Callable[[Any], Any] | None:
+    """What the ORM does to a raw value of `field` that a raw query does not (None: nothing)."""
+    if isinstance(field, DateTimeField):
+        return to_datetime
+    if isinstance(field, JSONField):  # JSON text on SQLite (and from Django's PostgreSQL connection)
+        return lambda value: field.from_db_value(value, None, connection)
+    return None
+
+
 def instances(model: type[Model], names: Sequence[str], rows: Iterable[Sequence[Any]]) -> list[Model]:
-    """Model instances from raw rows of the columns `names` (datetimes converted)."""
+    """Model instances from raw rows of the columns `names` (datetimes and JSON converted as the
+    ORM converts them)."""
     meta = model._meta
     fields = [meta.get_field(n) for n in names]
-    converters = [to_datetime if isinstance(f, DateTimeField) else None for f in fields]
+    converters = [_converter(f) for f in fields]
     # from_db expects the values in the model's field order
     order = sorted(range(len(fields)), key=lambda i: meta.concrete_fields.index(fields[i]))
     attnames = [fields[i].attname for i in order]

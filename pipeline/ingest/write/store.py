@@ -33,6 +33,7 @@ from django.db import IntegrityError, OperationalError, transaction
 
 from pipeline.ingest.write import deferred
 from pipeline.ingest.write import sql
+from pipeline.ingest.write.precount import Precount, precount
 from pipeline.ingest.write import tool_context
 from pipeline.ingest.write.tool_levels import mark_pending
 from pipeline.ingest.write.counters import add_new_rows, recompute_counters
@@ -90,6 +91,8 @@ class PreparedBatch:
 
     spans: list[NormalisedSpan]
     result: IngestResult
+    # tool observations counted up front (pipeline.ingest.write.precount), by (trace_id, span_id)
+    counts: dict[tuple[str, str], Precount] = field(default_factory=dict)
 
 
 def prepare_spans(records: Sequence[SpanRecord]) -> PreparedBatch:
@@ -119,7 +122,7 @@ def prepare_spans(records: Sequence[SpanRecord]) -> PreparedBatch:
     if errors:
         more = f" (and {len(errors) - MAX_ERRORS_REPORTED} more)" if len(errors) > MAX_ERRORS_REPORTED else ""
         result.error_message = f"{len(errors)} span(s) rejected: " + "; ".join(errors[:MAX_ERRORS_REPORTED]) + more
-    return PreparedBatch(spans, result)
+    return PreparedBatch(spans, result, precount(spans))
 
 
 def store_prepared(batch: PreparedBatch, *, source: str = "otlp", logs: Sequence[LogRecord] | None = None) -> IngestResult:
@@ -130,7 +133,8 @@ def store_prepared(batch: PreparedBatch, *, source: str = "otlp", logs: Sequence
     for attempt in range(ATTEMPTS):
         try:
             with transaction.atomic(), rollups.batched():  # the rollups' changes, written once at the end
-                changes, accepted, duplicates, pending = _store(spans, source, [clean_log(log) for log in logs or ()])
+                changes, accepted, duplicates, pending = _store(
+                    spans, source, [clean_log(log) for log in logs or ()], batch.counts)
                 transaction.on_commit(lambda: _committed(changes, pending))
             break
         except IntegrityError:  # a concurrent writer stored one of these spans first: look again
@@ -153,7 +157,7 @@ def store_spans(
 
 
 def _store(
-    spans: list[NormalisedSpan], source: str, logs: list[LogRecord]
+    spans: list[NormalisedSpan], source: str, logs: list[LogRecord], counts: dict[tuple[str, str], Precount]
 ) -> tuple[IngestChanges, int, int, bool]:
     """Store the batch; (changes, spans stored, duplicates, whether token work was left pending)."""
     changes = empty_changes()
@@ -185,7 +189,7 @@ def _store(
         # and aggregated again; of the others, only what the new rows can change is read.
         recount |= round_ids if replaced else {r.id for r in rounds.values() if r.conversation_id in merged}
         links = RoundRows.around(stored_rounds, rows["llm"], rows["tool"], rows["compression"], whole=recount)
-        insert_rows(fresh, rows, links, stored_rounds)
+        insert_rows(fresh, rows, links, stored_rounds, counts)
         stated = {rounds[(conversations[s.record.trace_id].id, s.round_key)].id
                   for s in fresh if s.in_round and s.final_answer}
         update_rows(Round, links.fill_final_answers(rounds.values(), stated), ["final_answer"])

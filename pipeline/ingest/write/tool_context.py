@@ -65,6 +65,8 @@ class Carry:
 
 def carried_tokens(digest: Digest, input_tokens: int) -> dict[str, int]:
     """{tool_call_id: tokens} of the tool results in one call's input, from its digest."""
+    if not any(entry.get("answers") for entry in digest):  # most inputs carry none: no shares to work out
+        return {}
     carried: dict[str, int] = defaultdict(int)
     for entry, tokens in zip(digest, message_tokens(digest, input_tokens), strict=True):
         answers = list(dict.fromkeys(str(a)[:ID_LENGTH] for a in entry.get("answers") or () if a))

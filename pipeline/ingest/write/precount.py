@@ -1,0 +1,106 @@
+"""Tool observation tokens counted before the ingest transaction, when the batch tells the model.
+
+A tool call's observation is counted for the model of the LLM call that asked for it, and which
+call that is, linking decides inside the transaction (pipeline.ingest.write.linking). Counted in
+the deferred run instead (pipeline.ingest.write.deferred), every tool span cost a second
+transaction: the rows read again, updated, their rollups rewritten.
+
+`precount` (run by `prepare_spans`: CPU only, no database) guesses the call from the batch alone
+— the LLM span of the same trace and round that requested the tool's call id, else the last one
+started before it — and counts the observation for that model. `apply` (in the transaction, after
+linking) keeps the count only when the call the tool was linked to is one of the batch's and
+counts the same way (same encoding, margin and approximation) and the observation is the one
+counted; any other tool call stays pending for the deferred run, as before. A wrong guess costs
+a count, never a wrong figure: both paths count with `count_observation`.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from pipeline.ingest.normalise.messages import tool_calls_of
+from pipeline.ingest.normalise.span import NormalisedSpan
+from pipeline.models import LLMCall, ToolCall
+from pipeline.tokens.counting import count_tokens_bounded, model_profile
+
+
+@dataclass(frozen=True)
+class Precount:
+    observation: str  # the text counted
+    key: tuple  # how it was counted (`counting_key`)
+    tokens: int
+    estimated: bool
+    approximate: bool
+
+
+def counting_key(model: str | None) -> tuple:
+    """What an observation's count depends on besides its text: models with equal keys count alike."""
+    profile = model_profile(model)
+    return profile.encoding_name, profile.margin_scaled, profile.approximate
+
+
+def count_observation(observation: str, model: str | None) -> tuple[int, bool, bool]:
+    """(observation_tokens, tokens_estimated, tokens_approximate) of a tool call's observation,
+    counted for `model` (the model of the LLM call that requested the tool, None without one)."""
+    tokens, estimated = count_tokens_bounded(observation, model)
+    return tokens, estimated, estimated or model_profile(model).approximate
+
+
+def precount(spans: Iterable[NormalisedSpan]) -> dict[tuple[str, str], Precount]:
+    """Counts of the batch's pending tool observations, by (trace_id, span_id), for the model of
+    the LLM span the tool is expected to be linked to; tools with no such span are left out."""
+    calls: dict[tuple[str, str], list[NormalisedSpan]] = defaultdict(list)
+    tools: list[NormalisedSpan] = []
+    for s in spans:
+        if s.llm is not None and s.in_round:
+            calls[(s.record.trace_id, s.round_key)].append(s)
+        elif s.tool is not None and s.in_round and s.tool["tokens_pending"]:
+            tools.append(s)
+    out: dict[tuple[str, str], Precount] = {}
+    requested: dict[tuple[str, str], dict[str, str | None]] = {}
+    for tool in tools:
+        group = calls.get((tool.record.trace_id, tool.round_key))
+        if not group:
+            continue
+        round_key = (tool.record.trace_id, tool.round_key)
+        if round_key not in requested:
+            requested[round_key] = {}
+            for call in sorted(group, key=lambda c: c.started_at):
+                for part in tool_calls_of(call.llm["output_messages"] or []):
+                    if part.get("id"):
+                        requested[round_key].setdefault(part["id"], call.llm["model"])
+        call_id = tool.tool["tool_call_id"]
+        if call_id and call_id in requested[round_key]:
+            model = requested[round_key][call_id]
+        else:
+            earlier = [c for c in group if c.started_at <= tool.started_at]
+            if not earlier:
+                continue
+            model = max(earlier, key=lambda c: c.started_at).llm["model"]
+        observation = tool.tool["observation"]
+        out[(tool.record.trace_id, tool.record.span_id)] = Precount(
+            observation, counting_key(model), *count_observation(observation, model))
+    return out
+
+
+def apply(tools: Iterable[ToolCall], calls: Iterable[LLMCall], counts: dict[tuple[str, str], Precount]) -> None:
+    """Fill the counts of linked, unsaved `tools` whose precount holds for the call each was linked
+    to (one of `calls`, the batch's new LLM calls); the others stay pending."""
+    if not counts:
+        return
+    keys: dict[int, tuple] = {}
+    models = {call.pk: call.model for call in calls}
+    for tool in tools:
+        counted = counts.get((tool.trace_id, tool.span_id))
+        if counted is None or not tool.tokens_pending or tool.llm_call_id not in models:
+            continue
+        if tool.observation != counted.observation:
+            continue
+        if tool.llm_call_id not in keys:
+            keys[tool.llm_call_id] = counting_key(models[tool.llm_call_id])
+        if keys[tool.llm_call_id] == counted.key:
+            tool.observation_tokens, tool.tokens_estimated, tool.tokens_approximate = (
+                counted.tokens, counted.estimated, counted.approximate)
+            tool.tokens_pending = False

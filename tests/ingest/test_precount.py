@@ -1,0 +1,128 @@
+"""Tool observations counted before the ingest transaction (pipeline.ingest.write.precount) give
+exactly what the deferred counting (pipeline.ingest.write.deferred) gives, and only when the
+linking confirms the model they were counted for."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from pipeline.ingest.records import SpanRecord
+from pipeline.ingest.write import deferred
+from pipeline.ingest.write.precount import count_observation
+from pipeline.ingest.write.store import store_spans
+from pipeline.models import ToolCall
+from pipeline.tokens.counting import MAX_EXACT_CHARS
+
+pytestmark = pytest.mark.django_db
+
+T0 = 1_763_800_000_000_000_000
+MS = 1_000_000
+ROOT = "00000000000000a0"
+
+
+def _chat(trace: str, span_id: str, start: int, model: str, requested: list[str] = ()) -> SpanRecord:
+    parts = [{"type": "tool_call", "id": i, "name": "search", "arguments": {}} for i in requested]
+    return SpanRecord(trace, span_id, f"chat {model}", T0 + start * MS, T0 + (start + 1) * MS, parent_span_id=ROOT,
+                      attributes={"gen_ai.operation.name": "chat", "gen_ai.request.model": model,
+                                  "gen_ai.usage.input_tokens": 10, "gen_ai.usage.output_tokens": 5,
+                                  "gen_ai.output.messages": json.dumps(
+                                      [{"role": "assistant", "parts": parts or [{"type": "text", "content": "ok"}]}])})
+
+
+def _tool(trace: str, span_id: str, start: int, observation: str, call_id: str = "") -> SpanRecord:
+    attrs = {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "search",
+             "gen_ai.tool.call.result": observation}
+    if call_id:
+        attrs["gen_ai.tool.call.id"] = call_id
+    return SpanRecord(trace, span_id, "execute_tool search", T0 + start * MS, T0 + (start + 1) * MS,
+                      parent_span_id=ROOT, attributes=attrs)
+
+
+def _counts(tool: ToolCall) -> tuple[int, bool, bool]:
+    return tool.observation_tokens, tool.tokens_estimated, tool.tokens_approximate
+
+
+OBSERVATIONS = {
+    "short": "3 hits: ctxlens, 上下文, {\"score\": 0.93}",
+    "past the exact cap": " ".join(f"row {i}: revenue {i * 37 % 1000} EUR;" for i in range(MAX_EXACT_CHARS // 20)),
+}
+
+
+@pytest.mark.parametrize("model", ["gpt-4o", "claude-3-5-sonnet-20241022", "some-unknown-model"])
+@pytest.mark.parametrize("observation", OBSERVATIONS.values(), ids=OBSERVATIONS.keys())
+def test_an_observation_counted_up_front_equals_its_deferred_count(model, observation):
+    # the requesting chat in the batch: counted before the transaction, nothing left pending
+    store_spans([_chat("a" * 32, "00000000000000c1", 1, model), _tool("a" * 32, "00000000000000d1", 3, observation)])
+    up_front = ToolCall.objects.get(trace_id="a" * 32)
+    assert not up_front.tokens_pending
+    # the same tool span in a batch of its own, after its chat: counted by the deferred run
+    store_spans([_chat("b" * 32, "00000000000000c2", 1, model)])
+    store_spans([_tool("b" * 32, "00000000000000d2", 3, observation)])
+    assert ToolCall.objects.get(trace_id="b" * 32).tokens_pending
+    deferred.complete_pending()
+    later = ToolCall.objects.get(trace_id="b" * 32)
+    assert not later.tokens_pending
+    assert _counts(up_front) == _counts(later) == count_observation(observation, model)
+    assert up_front.observation_tokens > 0
+    assert up_front.tokens_estimated == (observation == OBSERVATIONS["past the exact cap"])
+
+
+def test_a_tool_the_linking_gives_to_a_stored_call_of_another_model_is_counted_for_that_model():
+    """The batch's only earlier chat is gpt-4o, but the tool's call id was requested by a claude
+    call stored before: the up-front guess (gpt-4o) is not used, the deferred run counts for claude."""
+    trace, observation = "c" * 32, OBSERVATIONS["short"]
+    store_spans([_chat(trace, "00000000000000c1", 1, "claude-3-5-sonnet-20241022", requested=["call_x"])])
+    store_spans([_chat(trace, "00000000000000c2", 3, "gpt-4o"), _tool(trace, "00000000000000d1", 5, observation, "call_x")])
+    tool = ToolCall.objects.get()
+    assert tool.llm_call.span_id == "00000000000000c1"
+    assert tool.tokens_pending
+    deferred.complete_pending()
+    tool.refresh_from_db()
+    assert _counts(tool) == count_observation(observation, "claude-3-5-sonnet-20241022")
+    assert _counts(tool) != count_observation(observation, "gpt-4o")
+
+
+def test_a_tool_requested_by_its_call_id_is_counted_for_the_requesting_model():
+    """Two chats of different models before the tool in the batch: the one that asked for the call
+    id decides, not the latest."""
+    trace, observation = "d" * 32, OBSERVATIONS["short"]
+    store_spans([_chat(trace, "00000000000000c1", 1, "claude-3-5-sonnet-20241022", requested=["call_y"]),
+                 _chat(trace, "00000000000000c2", 3, "gpt-4o"),
+                 _tool(trace, "00000000000000d1", 5, observation, "call_y")])
+    tool = ToolCall.objects.get()
+    assert tool.llm_call.span_id == "00000000000000c1"
+    assert not tool.tokens_pending
+    assert _counts(tool) == count_observation(observation, "claude-3-5-sonnet-20241022")
+
+
+def _otlp_json(spans: list[SpanRecord]) -> bytes:
+    def value(v):
+        return {"intValue": str(v)} if isinstance(v, int) else {"stringValue": v}
+
+    return json.dumps({"resourceSpans": [{"resource": {"attributes": []}, "scopeSpans": [{"spans": [
+        {"traceId": s.trace_id, "spanId": s.span_id, "parentSpanId": s.parent_span_id, "name": s.name,
+         "startTimeUnixNano": str(s.start_time_unix_nano), "endTimeUnixNano": str(s.end_time_unix_nano),
+         "attributes": [{"key": k, "value": value(v)} for k, v in s.attributes.items()]}
+        for s in spans]}]}]}).encode()
+
+
+@pytest.mark.parametrize("chunk_spans", [1000, 2])  # one transaction; one per trace
+def test_the_ingest_service_keeps_the_up_front_counts_of_every_chunk(settings, chunk_spans):
+    """The receivers store a request a chunk of traces per transaction (pipeline.ingest.service):
+    each chunk carries the counts made for its tools."""
+    from pipeline.ingest import service
+    from pipeline.ingest.decode import otlp
+    from pipeline.models import ApiKey
+
+    settings.CTXLENS_INGEST_CHUNK_SPANS = chunk_spans
+    observation = OBSERVATIONS["short"]
+    body = _otlp_json([_chat("e" * 32, "00000000000000c1", 1, "gpt-4o"), _tool("e" * 32, "00000000000000d1", 3, observation),
+                       _chat("f" * 32, "00000000000000c2", 1, "gpt-4o"), _tool("f" * 32, "00000000000000d2", 3, observation)])
+    key = ApiKey.generate("agent")[0]
+    outcome = service.ingest(service.IngestRequest("otlp", body, content_type=otlp.JSON), key=key)
+    assert isinstance(outcome, service.Accepted), outcome
+    tools = ToolCall.objects.all()
+    assert len(tools) == 2
+    assert all(not t.tokens_pending and _counts(t) == count_observation(observation, "gpt-4o") for t in tools)
