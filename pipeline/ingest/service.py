@@ -251,10 +251,14 @@ def _store_whole(batch: Batch) -> Accepted | Rejected:
     """REST: a request is stored whole or not at all; a running turn it ends is completed."""
     from pipeline.ingest.write.open_spans import complete_open_spans
 
+    # Prepared (and tool observations counted) before the transaction takes SQLite's write lock;
+    # again inside it only when a stored open span was merged into a record (a round it ends).
+    prepared = prepare_spans(batch.spans)
     try:
         with transaction.atomic():
-            complete_open_spans(batch.spans)
-            result = store_spans(batch.spans, source="rest")
+            if complete_open_spans(batch.spans):
+                prepared = prepare_spans(batch.spans)
+            result = store_prepared(prepared, source="rest")
             if result.rejected:
                 raise _RollBack(result)
     except _RollBack as refused:

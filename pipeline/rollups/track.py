@@ -167,9 +167,9 @@ def _write_changed(changed: dict[Key, Figures]) -> None:
             kind, grain, start, name = key
             new.append(Rollup(kind=kind, grain=grain, bucket_start=start, name=name, **stored))
         else:
-            json = connection.ops.adapt_json_value  # what JSONField writes, on either engine
-            updated.append((stored["calls"], json(stored["sums"], None), json(stored["errors"], None),
-                            json(stored["latency"], None), row[0]))
+            adapt_json = connection.ops.adapt_json_value  # what JSONField writes, on either engine
+            updated.append((stored["calls"], adapt_json(stored["sums"], None), adapt_json(stored["errors"], None),
+                            adapt_json(stored["latency"], None), row[0]))
     if emptied:
         Rollup.objects.filter(pk__in=emptied).delete()
     if updated:  # one executemany: bulk_update's CASE WHEN costs more than the rest of this put together

@@ -8,9 +8,9 @@ import json
 
 import pytest
 
-from pipeline.ingest.records import SpanRecord
+from pipeline.ingest.records import LogRecord, SpanRecord
 from pipeline.ingest.write import deferred
-from pipeline.ingest.write.precount import count_observation
+from pipeline.ingest.write.precount import MAX_PRECOUNT_CHARS, count_observation
 from pipeline.ingest.write.store import store_spans
 from pipeline.models import ToolCall
 from pipeline.tokens.counting import MAX_EXACT_CHARS
@@ -44,9 +44,10 @@ def _counts(tool: ToolCall) -> tuple[int, bool, bool]:
     return tool.observation_tokens, tool.tokens_estimated, tool.tokens_approximate
 
 
+ROWS = " ".join(f"row {i}: revenue {i * 37 % 1000} EUR;" for i in range(MAX_EXACT_CHARS // 20))
 OBSERVATIONS = {
     "short": "3 hits: ctxlens, 上下文, {\"score\": 0.93}",
-    "past the exact cap": " ".join(f"row {i}: revenue {i * 37 % 1000} EUR;" for i in range(MAX_EXACT_CHARS // 20)),
+    "as long as counted up front": ROWS[:MAX_PRECOUNT_CHARS],
 }
 
 
@@ -65,8 +66,7 @@ def test_an_observation_counted_up_front_equals_its_deferred_count(model, observ
     later = ToolCall.objects.get(trace_id="b" * 32)
     assert not later.tokens_pending
     assert _counts(up_front) == _counts(later) == count_observation(observation, model)
-    assert up_front.observation_tokens > 0
-    assert up_front.tokens_estimated == (observation == OBSERVATIONS["past the exact cap"])
+    assert up_front.observation_tokens > 0 and not up_front.tokens_estimated
 
 
 def test_a_tool_the_linking_gives_to_a_stored_call_of_another_model_is_counted_for_that_model():
@@ -126,3 +126,52 @@ def test_the_ingest_service_keeps_the_up_front_counts_of_every_chunk(settings, c
     tools = ToolCall.objects.all()
     assert len(tools) == 2
     assert all(not t.tokens_pending and _counts(t) == count_observation(observation, "gpt-4o") for t in tools)
+
+
+def _chat_without_messages(trace: str, span_id: str, start: int, model: str) -> SpanRecord:
+    return SpanRecord(trace, span_id, f"chat {model}", T0 + start * MS, T0 + (start + 1) * MS, parent_span_id=ROOT,
+                      attributes={"gen_ai.operation.name": "chat", "gen_ai.request.model": model,
+                                  "gen_ai.usage.input_tokens": 10, "gen_ai.usage.output_tokens": 5})
+
+
+def test_a_tool_whose_requesting_call_only_a_stored_log_names_is_counted_for_that_call():
+    """The batch's chats carry no messages, so the guess is the latest (gpt-4o); a log stored before
+    says the claude call asked for the tool, which linking follows once the logs are applied."""
+    trace, observation, claude = "1" * 32, OBSERVATIONS["short"], "claude-3-5-sonnet-20241022"
+    store_spans([], logs=[LogRecord(trace, "00000000000000c1", T0 + 2 * MS, "gen_ai.choice", {
+        "index": 0, "message": {"content": ""}, "finish_reason": "tool_calls",
+        "tool_calls": [{"id": "call_z", "function": {"name": "search", "arguments": {}}}]})])
+    store_spans([_chat_without_messages(trace, "00000000000000c1", 1, claude),
+                 _chat_without_messages(trace, "00000000000000c2", 3, "gpt-4o"),
+                 _tool(trace, "00000000000000d1", 5, observation, "call_z")])
+    deferred.complete_pending()
+    tool = ToolCall.objects.get()
+    assert tool.llm_call.span_id == "00000000000000c1"
+    assert _counts(tool) == count_observation(observation, claude) != count_observation(observation, "gpt-4o")
+
+
+def test_a_tool_linked_to_another_batch_call_than_guessed_is_counted_for_that_call():
+    """No call id: the guess is the latest chat before the tool (gpt-4o), but linking gives the
+    tool to the claude call of the batch that asked for a tool of its name; the guess's count,
+    made for another encoding, is not kept, and the deferred run counts for claude."""
+    trace, observation, claude = "2" * 32, OBSERVATIONS["short"], "claude-3-5-sonnet-20241022"
+    store_spans([_chat(trace, "00000000000000c1", 1, claude, requested=["call_q"]),
+                 _chat(trace, "00000000000000c2", 3, "gpt-4o"),
+                 _tool(trace, "00000000000000d1", 5, observation)])
+    tool = ToolCall.objects.get()
+    assert tool.llm_call.span_id == "00000000000000c1"
+    assert tool.tokens_pending
+    deferred.complete_pending()
+    tool.refresh_from_db()
+    assert _counts(tool) == count_observation(observation, claude) != count_observation(observation, "gpt-4o")
+
+
+@pytest.mark.parametrize("observation", [ROWS[:MAX_PRECOUNT_CHARS + 1], ROWS], ids=["just longer", "past the exact cap"])
+def test_a_longer_observation_is_left_to_the_deferred_run(observation):
+    trace = "4" * 32
+    store_spans([_chat(trace, "00000000000000c1", 1, "gpt-4o"), _tool(trace, "00000000000000d1", 3, observation)])
+    assert ToolCall.objects.get().tokens_pending
+    deferred.complete_pending()
+    tool = ToolCall.objects.get()
+    assert _counts(tool) == count_observation(observation, "gpt-4o")
+    assert tool.tokens_estimated == (len(observation) > MAX_EXACT_CHARS)

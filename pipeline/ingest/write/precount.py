@@ -16,6 +16,7 @@ a count, never a wrong figure: both paths count with `count_observation`.
 
 from __future__ import annotations
 
+import logging
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -25,17 +26,23 @@ from pipeline.ingest.normalise.span import NormalisedSpan
 from pipeline.models import LLMCall, ToolCall
 from pipeline.tokens.counting import count_tokens_bounded, model_profile
 
+logger = logging.getLogger(__name__)
+
+# Longer observations are left to the deferred run: counting them (about 0.1 s per 100 KB) would
+# hold up the request's reply, and a re-sent batch would pay for it again.
+MAX_PRECOUNT_CHARS = 32_768
+
 
 @dataclass(frozen=True)
 class Precount:
     observation: str  # the text counted
-    key: tuple  # how it was counted (`counting_key`)
+    key: tuple[str, int, bool]  # how it was counted (`counting_key`)
     tokens: int
     estimated: bool
     approximate: bool
 
 
-def counting_key(model: str | None) -> tuple:
+def counting_key(model: str | None) -> tuple[str, int, bool]:
     """What an observation's count depends on besides its text: models with equal keys count alike."""
     profile = model_profile(model)
     return profile.encoding_name, profile.margin_scaled, profile.approximate
@@ -56,7 +63,8 @@ def precount(spans: Iterable[NormalisedSpan]) -> dict[tuple[str, str], Precount]
     for s in spans:
         if s.llm is not None and s.in_round:
             calls[(s.record.trace_id, s.round_key)].append(s)
-        elif s.tool is not None and s.in_round and s.tool["tokens_pending"]:
+        elif (s.tool is not None and s.in_round and s.tool["tokens_pending"]
+              and len(s.tool["observation"] or "") <= MAX_PRECOUNT_CHARS):
             tools.append(s)
     out: dict[tuple[str, str], Precount] = {}
     requested: dict[tuple[str, str], dict[str, str | None]] = {}
@@ -80,9 +88,22 @@ def precount(spans: Iterable[NormalisedSpan]) -> dict[tuple[str, str], Precount]
                 continue
             model = max(earlier, key=lambda c: c.started_at).llm["model"]
         observation = tool.tool["observation"]
-        out[(tool.record.trace_id, tool.record.span_id)] = Precount(
-            observation, counting_key(model), *count_observation(observation, model))
+        try:
+            counted = count_observation(observation, model)
+        except Exception:  # the deferred run tries again, and stores an estimate if it fails too
+            logger.warning("could not count tool observation %s/%s up front", tool.record.trace_id,
+                           tool.record.span_id, exc_info=True)
+            continue
+        out[(tool.record.trace_id, tool.record.span_id)] = Precount(observation, counting_key(model), *counted)
     return out
+
+
+def without_logged_traces(counts: dict[tuple[str, str], Precount],
+                          logged: set[str]) -> dict[tuple[str, str], Precount]:
+    """The counts of tools outside `logged` traces: a trace's event logs rewrite its calls' output
+    messages in the transaction (pipeline.ingest.write.logs), after which linking may give a tool
+    to another call than the one its count was kept for; those tools are counted in the deferred run."""
+    return {key: counted for key, counted in counts.items() if key[0] not in logged} if logged else counts
 
 
 def apply(tools: Iterable[ToolCall], calls: Iterable[LLMCall], counts: dict[tuple[str, str], Precount]) -> None:

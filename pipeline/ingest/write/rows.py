@@ -15,9 +15,8 @@ from typing import Any
 import orjson
 from django.utils import timezone
 
-from pipeline.ingest.write import sql
+from pipeline.ingest.write import precount, sql
 from pipeline.ingest.write.artifacts import store_observation_artifacts
-from pipeline.ingest.write import precount
 from pipeline.ingest.write.linking import RoundRows, link_compressions, save_requests
 from pipeline.ingest.normalise.span import NormalisedSpan
 from pipeline.ingest.write.sanitise import clamp_integers

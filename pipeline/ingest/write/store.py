@@ -33,7 +33,7 @@ from django.db import IntegrityError, OperationalError, transaction
 
 from pipeline.ingest.write import deferred
 from pipeline.ingest.write import sql
-from pipeline.ingest.write.precount import Precount, precount
+from pipeline.ingest.write.precount import Precount, precount, without_logged_traces
 from pipeline.ingest.write import tool_context
 from pipeline.ingest.write.tool_levels import mark_pending
 from pipeline.ingest.write.counters import add_new_rows, recompute_counters
@@ -47,7 +47,7 @@ from pipeline.ingest.write.sql import update_rows
 from pipeline.ingest.write.conversations import resolve_conversations, resolve_rounds
 from pipeline.insight.finding_counts import mark_stale
 from pipeline.rollups import track as rollups
-from pipeline.models import Round, Span
+from pipeline.models import Round, Span, SpanLog
 from pipeline.signals import IngestChanges, empty_changes, ingest_committed
 
 logger = logging.getLogger(__name__)
@@ -164,6 +164,8 @@ def _store(
     pending = bool(logs)
     # Requests that carry parts of one trace take turns from here on (PostgreSQL; SQLite has one writer).
     sql.lock_traces({s.record.trace_id for s in spans} | {log.trace_id for log in logs if log.trace_id})
+    if counts:
+        counts = without_logged_traces(counts, _logged_traces({trace for trace, _ in counts}, logs))
     stored = _stored_spans(spans)
     finishing = {k for k, end in stored.items() if end == 0}
     fresh = [
@@ -230,6 +232,16 @@ def _store(
     changes["round_ids"] = sorted(round_ids)
     changes["conversation_ids"] = sorted(conversation_ids)
     return changes, len(fresh), duplicates, pending
+
+
+def _logged_traces(traces: set[str], logs: list[LogRecord]) -> set[str]:
+    """Those of `traces` with event logs, in this request or stored."""
+    logged = {log.trace_id for log in logs} & traces
+    rest = sorted(traces - logged)
+    for chunk in sql.chunked(rest):
+        logged.update(t for (t,) in sql.fetch(
+            f"SELECT DISTINCT trace_id FROM {sql.table(SpanLog)} WHERE trace_id IN ({sql.marks(chunk)})", chunk))
+    return logged
 
 
 def _stored_spans(spans: list[NormalisedSpan]) -> dict[tuple[str, str], int]:
