@@ -57,14 +57,20 @@ def send_burst(server, prefix: str) -> None:
     exporter.shutdown()
 
 
-def test_a_burst_of_ingest_reaches_the_page_as_a_few_messages_that_miss_nothing(uvicorn_factory, artifact_dir,
-                                                                                  page, alice):
-    # An interval far wider than the page's clock jitter, so that the spacing below is the rule's.
-    server = uvicorn_factory({"CTXLENS_ARTIFACT_DIR": str(artifact_dir), "CTXLENS_LIVE_INTERVAL_MS": "200"})
+def recorded_overview(uvicorn_factory, artifact_dir, page, env: dict[str, str]):
+    """(a server started with `env`, its "hello"): the overview open on it, live, recording."""
+    server = uvicorn_factory({"CTXLENS_ARTIFACT_DIR": str(artifact_dir), **env})
     page.add_init_script(RECORD_FRAMES)
     log_in(page, server)
     wait_live(page)
-    interval_ms = page.evaluate("window.__frames.find(([, m]) => m.type === 'hello')[1].interval_ms")
+    return server, page.evaluate("window.__frames.find(([, m]) => m.type === 'hello')[1]")
+
+
+def test_a_burst_of_ingest_reaches_the_page_as_a_few_messages_that_miss_nothing(uvicorn_factory, artifact_dir,
+                                                                                  page, alice):
+    # An interval far wider than the page's clock jitter, so that the spacing below is the rule's.
+    server, hello = recorded_overview(uvicorn_factory, artifact_dir, page, {"CTXLENS_LIVE_INTERVAL_MS": "200"})
+    interval_ms = hello["interval_ms"]
     assert interval_ms == 200
     started = page.evaluate("performance.now()")
     send_burst(server, "conv-burst")
@@ -91,11 +97,7 @@ def test_a_burst_of_ingest_reaches_the_page_as_a_few_messages_that_miss_nothing(
 def test_a_stream_of_changes_is_fetched_by_the_page_at_its_own_pace_and_in_full(uvicorn_factory, artifact_dir,
                                                                                  page, alice):
     # Messages come at most every 25 ms (the default); the page fetches at most every 400 ms.
-    server = uvicorn_factory({"CTXLENS_ARTIFACT_DIR": str(artifact_dir), "CTXLENS_LIVE_REFRESH_MS": "400"})
-    page.add_init_script(RECORD_FRAMES)
-    log_in(page, server)
-    wait_live(page)
-    hello = page.evaluate("window.__frames.find(([, m]) => m.type === 'hello')[1]")
+    server, hello = recorded_overview(uvicorn_factory, artifact_dir, page, {"CTXLENS_LIVE_REFRESH_MS": "400"})
     assert hello["interval_ms"] == settings.CTXLENS_LIVE_INTERVAL_MS and hello["refresh_ms"] == 400
     wait_until_true(page, "window.__fetches.length >= 1", timeout_ms=5000)  # the catch-up on connect
     before = page.evaluate("window.__fetches.length")
