@@ -201,9 +201,14 @@ def inserted(model: type[Model], rows: Sequence[Model]) -> None:
 
 def deleting(model: type[Model], ids: Sequence[int]) -> None:
     """Take out rows about to be deleted (call before the delete, in its transaction)."""
+    _add_stored(model, ids, sign=-1)
+
+
+def _add_stored(model: type[Model], ids: Sequence[int], sign: int) -> None:
+    """Add (or take out) the rows of `ids` as they are stored."""
     if model in KIND_OF and ids:
         deltas = _deltas()
-        deltas.add(KIND_OF[model], _stored_values_by_id(model, list(ids)).values(), sign=-1)
+        deltas.add(KIND_OF[model], _stored_values_by_id(model, list(ids)).values(), sign=sign)
         deltas.write()
 
 
@@ -246,7 +251,5 @@ def on_pre_save(sender: type[Model], instance: Model, raw: bool = False, **kwarg
 def on_post_save(sender: type[Model], instance: Model, raw: bool = False, **kwargs: Any) -> None:
     """...and put the stored version in, read back: `save(update_fields=…)` writes only some of
     the instance's values. Ingest writes with SQL (the hooks above), not through here."""
-    if not raw and sender in KIND_OF and instance.pk is not None:
-        deltas = _deltas()
-        deltas.add(KIND_OF[sender], _stored_values_by_id(sender, [instance.pk]).values())
-        deltas.write()
+    if not raw and instance.pk is not None:
+        _add_stored(sender, [instance.pk], sign=1)

@@ -1,5 +1,5 @@
-"""add_contribution puts into (and takes out of) a bucket what adding the call's own contribution
-would: the ingest path and the read path count a call the same."""
+"""add_contribution puts into (and takes out of) a bucket the figures of each call: the figures
+are pinned here, and adding a call's own contribution (the read path) gives the same."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from datetime import UTC, datetime
 
 import pytest
 
+from pipeline.rollups import sketch
 from pipeline.rollups.figures import COMPRESSION, MODEL, TOOL, Figures, add_contribution, contribution
 
 AT = datetime(2025, 11, 22, 8, 30, 12, tzinfo=UTC)
@@ -31,6 +32,22 @@ ROWS = {
 }
 
 
+# What the rows of each kind add up to, worked out by hand from ROWS.
+EXPECTED = {
+    TOOL: {"calls": 2, "sums": {
+        "duration_n": 1, "duration_ms": 120.5, "retry_count": 1, "observation_tokens": 300, "input_tokens": 20,
+        "context_tokens": 300, "context_carries": 2, "successes": 1, "cache_hits": 1, "context_cost_usd": "0.000125",
+        "context_priced": 1, "level_calls": 1, "level_carried": 600, "at_brief": 10, "carried_brief": 20,
+        "at_standard": 90, "carried_standard": 180, "at_full": 300, "carried_full": 600},
+        "errors": {"TimeoutError": 1}, "latency": {sketch.bucket_of(120.5): 1}},
+    MODEL: {"calls": 2, "sums": {
+        "duration_n": 2, "duration_ms": 900.0, "input_tokens": 1200, "output_tokens": 80, "cache_read_tokens": 100,
+        "reasoning_tokens": 5, "cost_usd": "0.0042", "priced": 1},
+        "errors": {"RateLimitError": 1}, "latency": {sketch.bucket_of(900.0): 1, sketch.bucket_of(0.0): 1}},
+    COMPRESSION: {"calls": 1, "sums": {"tokens_before": 9000, "tokens_after": 3000}, "errors": {}, "latency": {}},
+}
+
+
 @pytest.mark.parametrize("kind", ROWS)
 def test_adding_a_calls_figures_in_place_equals_adding_its_contribution(kind):
     by_contribution, in_place = Figures(), Figures()
@@ -39,4 +56,4 @@ def test_adding_a_calls_figures_in_place_equals_adding_its_contribution(kind):
             by_contribution.add(contribution(kind, row)[2], sign)
             add_contribution(kind, row, in_place, sign)
             assert in_place == by_contribution
-    assert in_place.calls == len(ROWS[kind])
+    assert in_place.stored() == by_contribution.stored() == EXPECTED[kind]

@@ -163,9 +163,13 @@ def _store(
     changes = empty_changes()
     pending = bool(logs)
     # Requests that carry parts of one trace take turns from here on (PostgreSQL; SQLite has one writer).
-    sql.lock_traces({s.record.trace_id for s in spans} | {log.trace_id for log in logs if log.trace_id})
-    if counts:
-        counts = without_logged_traces(counts, _logged_traces({trace for trace, _ in counts}, logs))
+    traces = {s.record.trace_id for s in spans} | {log.trace_id for log in logs if log.trace_id}
+    sql.lock_traces(traces)
+    # Traces with GenAI event logs, stored or in this request: their calls' messages are rebuilt
+    # from the logs (apply_logs, below), and tools counted up front there wait for the deferred run.
+    needs_logs = counts or logs or any(s.llm is not None for s in spans)
+    logged = _logged_traces(traces, logs) if needs_logs else set()
+    counts = without_logged_traces(counts, logged)
     stored = _stored_spans(spans)
     finishing = {k for k, end in stored.items() if end == 0}
     fresh = [
@@ -215,7 +219,7 @@ def _store(
         changes["span_count"] = len(fresh)
     if logs:
         save_logs(logs)
-    touched_traces = {s.record.trace_id for s in fresh} | {log.trace_id for log in logs if log.trace_id}
+    touched_traces = ({s.record.trace_id for s in fresh} | {log.trace_id for log in logs if log.trace_id}) & logged
     if touched_traces and (logs or any(s.llm is not None for s in fresh)):
         logged_rounds, logged_conversations = apply_logs(touched_traces)
         if logged_rounds:
