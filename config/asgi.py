@@ -28,8 +28,10 @@ from dashboard.origin import SameOriginValidator  # noqa: E402
 from pipeline.receivers.otlp_router import OtlpIngestRouter  # noqa: E402
 from dashboard.routing import websocket_urlpatterns  # noqa: E402
 from pipeline.insight.pricing import load_price_database  # noqa: E402
+from pipeline.tokens.encodings import preload_builtin  # noqa: E402
 
 load_price_database()  # at startup, not in the first request that prices an LLM call
+preload_builtin()  # likewise the tokenizers, not in the first request that counts a tool result
 
 # record_serving_loop: ingest committed on other threads sends its live updates on this loop.
 application = record_serving_loop(ProtocolTypeRouter(

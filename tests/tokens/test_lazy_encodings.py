@@ -34,3 +34,23 @@ def test_profiles_load_no_tokenizer_and_concurrent_counts_load_one_once():
     out = json.loads(result.stdout)
     assert out == {"window": 128_000, "profile": "cl100k_base", "after_profiles": 0,
                    "counts": [2] * 8, "loads": 1, "loaded": 1}
+
+
+SERVED = """
+import json
+from pipeline.tokens import encodings
+before = encodings._load.cache_info().currsize
+import config.asgi
+after = encodings._load.cache_info()
+from pipeline.tokens.counting import count_tokens
+counted = [count_tokens("hello world", "gpt-4o"), count_tokens("hello world", "claude-3-5-sonnet")]
+print(json.dumps({"before": before, "loaded": after.currsize, "loads_after_counting": encodings._load.cache_info().misses - after.misses}))
+"""
+
+
+def test_the_served_application_loads_every_builtin_tokenizer_at_startup():
+    """The server counts tool results in its first requests: the tokenizers load with the app
+    (config/asgi.py), so no request waits for them."""
+    result = subprocess.run([sys.executable, "-c", SERVED], cwd=ROOT, capture_output=True, text=True, check=True)
+    out = json.loads(result.stdout.strip().splitlines()[-1])
+    assert out == {"before": 0, "loaded": 2, "loads_after_counting": 0}
