@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from django.contrib import admin, messages
+from django.db import transaction
 from django.http import FileResponse, Http404
 from django.urls import path, reverse
 from django.utils import timezone
@@ -10,6 +11,7 @@ from django.utils.html import format_html
 
 from pipeline.artifacts.cleanup import cleanup_artifacts, delete_expired_artifacts
 from pipeline.artifacts.store import ArtifactError, open_artifact
+from pipeline.rollups import track as rollups
 from pipeline.models import (
     ApiKey,
     Artifact,
@@ -27,6 +29,21 @@ from pipeline.models import (
 )
 
 PREVIEW_BYTES = 4096
+
+
+class RollupsFollowDeletes:
+    """Rounds and calls deleted here leave the rollups, with what cascades from them, in the
+    delete's transaction (conversations leave through their pre_delete hook)."""
+
+    def delete_model(self, request, obj) -> None:
+        with transaction.atomic():
+            rollups.deleting_with_cascade([obj])
+            super().delete_model(request, obj)
+
+    def delete_queryset(self, request, queryset) -> None:
+        with transaction.atomic():
+            rollups.deleting_with_cascade(queryset)
+            super().delete_queryset(request, queryset)
 
 
 class KeptByIngest:
@@ -152,7 +169,7 @@ class ConversationAdmin(admin.ModelAdmin):
 
 
 @admin.register(Round)
-class RoundAdmin(admin.ModelAdmin):
+class RoundAdmin(RollupsFollowDeletes, admin.ModelAdmin):
     list_display = ("conversation", "key", "status", "started_at", "duration_ms", "llm_call_count", "tool_call_count")
     list_filter = ("status",)
     search_fields = ("key", "trace_id", "user_message", "final_answer")
@@ -160,7 +177,7 @@ class RoundAdmin(admin.ModelAdmin):
 
 
 @admin.register(LLMCall)
-class LLMCallAdmin(admin.ModelAdmin):
+class LLMCallAdmin(RollupsFollowDeletes, admin.ModelAdmin):
     list_display = ("model", "conversation", "input_tokens", "output_tokens", "context_tokens", "status", "started_at")
     list_filter = ("status", "model", "provider")
     search_fields = ("trace_id", "span_id", "model")
@@ -171,7 +188,7 @@ class LLMCallAdmin(admin.ModelAdmin):
 
 
 @admin.register(ToolCall)
-class ToolCallAdmin(admin.ModelAdmin):
+class ToolCallAdmin(RollupsFollowDeletes, admin.ModelAdmin):
     list_display = ("tool_name", "tool_call_id", "conversation", "success", "error_type", "retry_count",
                     "duration_ms", "started_at")
     list_filter = ("success", "tool_name", "output_level", "error_type")
@@ -180,7 +197,7 @@ class ToolCallAdmin(admin.ModelAdmin):
 
 
 @admin.register(CompressionEvent)
-class CompressionEventAdmin(admin.ModelAdmin):
+class CompressionEventAdmin(RollupsFollowDeletes, admin.ModelAdmin):
     list_display = ("conversation", "strategy", "tokens_before", "tokens_after", "messages_before",
                     "messages_after", "occurred_at")
     list_filter = ("strategy",)

@@ -5,6 +5,7 @@ Three hooks, one per kind of write, called where the rows are written:
     inserted(ToolCall, rows)                    # pipeline.ingest.write.rows.insert_rows
     with updating(ToolCall, rows, names): ...   # pipeline.ingest.write.sql.update_rows
     deleting(ToolCall, ids)                     # replaced spans, retention.prune, a conversation deleted
+    deleting_with_cascade(rounds)               # the admin deletes rounds or calls (pipeline.admin)
 
 and the ORM's signals for rows saved or deleted through it (the admin, retention.prune, scripts,
 test fixtures). Conversations take the same hooks: inserted where ingest creates them
@@ -31,8 +32,9 @@ from typing import Any
 
 from django.db import connection, transaction
 from django.db.models import Model
+from django.db.models.deletion import Collector
 
-from pipeline.models import Rollup
+from pipeline.models import Conversation, Rollup
 from pipeline.rollups.figures import COLUMNS, KIND_OF, Figures, add_contribution, name_and_start, values_of
 
 GRAINS = {"m": timedelta(minutes=1), "h": timedelta(hours=1), "d": timedelta(days=1)}
@@ -202,6 +204,22 @@ def inserted(model: type[Model], rows: Sequence[Model]) -> None:
 def deleting(model: type[Model], ids: Sequence[int]) -> None:
     """Take out rows about to be deleted (call before the delete, in its transaction)."""
     _add_stored(model, ids, sign=-1)
+
+
+def deleting_with_cascade(objs: Iterable[Model]) -> None:
+    """Take out every call a delete of `objs` removes, with what cascades from them (a round
+    takes its calls; the admin's deletes of rounds and calls). Found as Django's delete will find
+    them (its Collector); conversations are taken out by their own pre_delete hook."""
+    collector = Collector(using=connection.alias)
+    collector.collect(list(objs))
+    ids: dict[type[Model], set[int]] = defaultdict(set)
+    for model, instances in collector.data.items():
+        ids[model].update(instance.pk for instance in instances)
+    for queryset in collector.fast_deletes:
+        ids[queryset.model].update(queryset.values_list("pk", flat=True))
+    for model, pks in ids.items():
+        if model is not Conversation:
+            deleting(model, sorted(pks))
 
 
 def _add_stored(model: type[Model], ids: Sequence[int], sign: int) -> None:

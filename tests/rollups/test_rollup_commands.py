@@ -10,7 +10,9 @@ import time_machine
 from django.core.management import call_command
 from django.core.management.base import SystemCheckError
 
-from pipeline.models import Rollup, ToolCall
+from django.urls import reverse
+
+from pipeline.models import CompressionEvent, LLMCall, Rollup, Round, ToolCall
 from pipeline.rollups.compact import rebuild_rollups
 from tests.factories import make_conversation
 
@@ -112,3 +114,62 @@ def test_saving_some_fields_of_a_stale_instance_counts_what_is_stored():
 
     assert conversations_counted() == 1
     assert sorted(Rollup.objects.filter(kind="conversation").values_list("grain", "bucket_start", "calls")) == rebuilt
+
+
+def rollup_rows() -> list[tuple]:
+    return sorted(Rollup.objects.values_list("kind", "grain", "bucket_start", "name", "calls", "errors", "latency",
+                                             "sums"))
+
+
+def a_turn(conversation, key: str, at: datetime, n: int) -> Round:
+    """A round with an LLM call, the tool it asked for (linked to the call) and a compression."""
+    round_ = Round.objects.create(conversation=conversation, key=key, started_at=at)
+    call = LLMCall.objects.create(conversation=conversation, round=round_, trace_id=f"{n:032x}", span_id=f"{n:016x}",
+                                  started_at=at, duration_ms=800.0, model="gpt-4o", input_tokens=1000 + n,
+                                  output_tokens=50)
+    ToolCall.objects.create(conversation=conversation, round=round_, llm_call=call, tool_name="search",
+                            trace_id=f"{n:032x}", span_id=f"{n + 1:016x}", started_at=at, duration_ms=12.0)
+    CompressionEvent.objects.create(conversation=conversation, round=round_, trace_id=f"{n:032x}",
+                                    span_id=f"{n + 2:016x}", strategy="truncate", occurred_at=at,
+                                    tokens_before=900, tokens_after=300)
+    return round_
+
+
+@pytest.mark.parametrize("how", ["delete page", "delete_selected action"])
+@time_machine.travel(NOW, tick=False)  # the rebuild keeps minutes and hours of the recent past only
+def test_a_round_deleted_in_the_admin_takes_its_calls_out_of_the_rollups(client, alice, how):
+    conversation = make_conversation()
+    kept, deleted = a_turn(conversation, "r1", NOW, 10), a_turn(conversation, "r2", NOW + timedelta(seconds=5), 20)
+    with_both = rollup_rows()
+    client.force_login(alice)
+
+    if how == "delete page":
+        response = client.post(reverse("admin:pipeline_round_delete", args=[deleted.pk]), {"post": "yes"})
+    else:
+        response = client.post(reverse("admin:pipeline_round_changelist"),
+                               {"action": "delete_selected", "_selected_action": [deleted.pk], "post": "yes"})
+
+    assert response.status_code == 302
+    assert list(Round.objects.values_list("pk", flat=True)) == [kept.pk]
+    assert LLMCall.objects.count() == ToolCall.objects.count() == CompressionEvent.objects.count() == 1
+    incremental = rollup_rows()
+    assert incremental != with_both
+    rebuild_rollups()
+    assert rollup_rows() == incremental  # what the rows left say, nothing of the deleted round
+
+
+@time_machine.travel(NOW, tick=False)
+def test_an_llm_call_deleted_in_the_admin_leaves_the_rollups_and_its_tools_stay(client, alice):
+    conversation = make_conversation()
+    a_turn(conversation, "r1", NOW, 10)
+    call = LLMCall.objects.get()
+    client.force_login(alice)
+
+    response = client.post(reverse("admin:pipeline_llmcall_delete", args=[call.pk]), {"post": "yes"})
+
+    assert response.status_code == 302
+    assert ToolCall.objects.get().llm_call_id is None  # SET_NULL: the tool stays, and in its rollups
+    incremental = rollup_rows()
+    assert not Rollup.objects.filter(kind="model").exclude(calls=0).exists()
+    rebuild_rollups()
+    assert rollup_rows() == incremental
