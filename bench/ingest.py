@@ -8,14 +8,16 @@ row is still waiting for its deferred token counts (tokens_pending); the lag is 
 the last response until then.
 
     .venv/bin/python bench/ingest.py [--spans 20000] [--batch 100] [--concurrency 4] [--gzip] [--json]
-    .venv/bin/python bench/ingest.py --base <commit>     # that commit first, then this checkout: the ratios
+    .venv/bin/python bench/ingest.py --base <commit> [--rounds 3]   # that commit and this checkout, alternating
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/ctxlens_bench .venv/bin/python bench/ingest.py
     DATABASE_URL=postgres://… REDIS_URL=redis://127.0.0.1:6379/0 .venv/bin/python bench/ingest.py --workers 2
 
 With --workers N > 1, uvicorn runs N worker processes (the scale path: PostgreSQL and Redis);
-CPU and peak RSS are then summed over the workers. With --base, the same load runs first against
+CPU and peak RSS are then summed over the workers. With --base, the same load also runs against
 another commit (a temporary git worktree, served the same way, on its own fresh SQLite file),
-and the ratios this/base follow the absolute figures of both.
+in alternating rounds (base, this, base, this, …; --rounds, 3 by default), each on a fresh
+database: on a shared machine one slow spell then lands on both sides, not on one. Each side's
+median round is reported, then the ratios this/base of the medians and their range over rounds.
 """
 
 from __future__ import annotations
@@ -195,6 +197,11 @@ def measure(tree: Path, bodies: list[bytes], counts: list[int], args: argparse.N
     return Run(result, stored, pending, done - started, done - last_response, rss, server_cpu)
 
 
+def median_run(runs: list[Run]) -> Run:
+    """The round whose CPU per span is the median (the lower middle one of an even count)."""
+    return sorted(runs, key=lambda run: run.cpu_per_span)[(len(runs) - 1) // 2]
+
+
 def report(run: Run, name: str = "") -> None:
     if name:
         print(f"-- {name}")
@@ -219,7 +226,8 @@ def main() -> int:
     parser.add_argument("--json", action="store_true", help="OTLP/JSON instead of protobuf")
     parser.add_argument("--lag-timeout", type=float, default=120.0)
     parser.add_argument("--workers", type=int, default=1, help="uvicorn worker processes (several: the scale path)")
-    parser.add_argument("--base", help="a commit to measure first, back to back with this checkout (SQLite only)")
+    parser.add_argument("--base", help="a commit to measure in alternating rounds with this checkout (SQLite only)")
+    parser.add_argument("--rounds", type=int, default=3, help="with --base: rounds of each, alternating")
     args = parser.parse_args()
     given_url = os.environ.get("DATABASE_URL", "")
     if args.base and given_url:
@@ -237,11 +245,16 @@ def main() -> int:
     print(f"built {len(bodies)} requests, {sum(counts)} spans, {raw_bytes / sum(counts):.0f} B/span "
           f"in {time.perf_counter() - t:.1f} s", file=sys.stderr)
 
-    runs: dict[str, Run] = {}
+    rounds: dict[str, list[Run]] = {}
     if args.base:
+        base_name = f"base {short(args.base)}"
         with checkout(args.base) as base:
-            runs[f"base {short(args.base)}"] = measure(base, bodies, counts, args)
-    runs["this checkout"] = measure(ROOT, bodies, counts, args)
+            for _ in range(max(1, args.rounds)):
+                for name, tree in ((base_name, base), ("this checkout", ROOT)):
+                    rounds.setdefault(name, []).append(measure(tree, bodies, counts, args))
+    else:
+        rounds["this checkout"] = [measure(ROOT, bodies, counts, args)]
+    runs = {name: median_run(measured) for name, measured in rounds.items()}
 
     backend = "PostgreSQL" if given_url.startswith("postgres") else "SQLite"
     print(f"backend            {backend}{', Redis' if os.environ.get('REDIS_URL') else ''}, "
@@ -251,18 +264,26 @@ def main() -> int:
     for name, run in runs.items():
         report(run, name if args.base else "")
     if args.base:
-        base, this = runs[f"base {short(args.base)}"], runs["this checkout"]
-        print(f"-- this checkout / base: throughput {this.throughput / base.throughput:.2f}x, "
+        base, this = runs[base_name], runs["this checkout"]
+        print(f"-- this checkout / base, medians of {len(rounds[base_name])} alternating rounds: "
+              f"throughput {this.throughput / base.throughput:.2f}x, "
               f"server CPU per span {this.cpu_per_span / base.cpu_per_span:.2f}x, "
               f"peak RSS {this.rss / base.rss:.2f}x")
+        for name, measured in rounds.items():
+            print(f"   {name:16} CPU per span by round: "
+                  + ", ".join(f"{r.cpu_per_span:.0f}" for r in measured) + " µs; throughput: "
+                  + ", ".join(f"{r.throughput:,.0f}" for r in measured) + " spans/s")
+        pairs = [t.cpu_per_span / b.cpu_per_span for b, t in zip(rounds[base_name], rounds["this checkout"])]
+        print(f"   CPU per span this/base by round: {min(pairs):.2f}x to {max(pairs):.2f}x")
     redis_url = os.environ.get("REDIS_URL", "")
     print("reproduce          " + (f"DATABASE_URL={shlex.quote(given_url)} " if given_url else "")
           + (f"REDIS_URL={shlex.quote(redis_url)} " if redis_url else "")
           + f".venv/bin/python bench/ingest.py --spans {args.spans} --batch {args.batch} "
           f"--concurrency {args.concurrency}{' --gzip' if args.gzip else ''}{' --json' if args.json else ''}"
           + (f" --workers {args.workers}" if args.workers > 1 else "")
-          + (f" --base {args.base}" if args.base else ""))
-    ok = all(r.stored == sum(counts) and r.pending == 0 and r.result["http_errors"] == 0 for r in runs.values())
+          + (f" --base {args.base} --rounds {args.rounds}" if args.base else ""))
+    ok = all(r.stored == sum(counts) and r.pending == 0 and r.result["http_errors"] == 0
+             for measured in rounds.values() for r in measured)
     return 0 if ok else 1
 
 
