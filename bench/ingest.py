@@ -17,7 +17,8 @@ CPU and peak RSS are then summed over the workers. With --base, the same load al
 another commit (a temporary git worktree, served the same way, on its own fresh SQLite file),
 in alternating rounds (base, this, base, this, …; --rounds, 3 by default), each on a fresh
 database: on a shared machine one slow spell then lands on both sides, not on one. Each side's
-median round is reported, then the ratios this/base of the medians and their range over rounds.
+round of median CPU per span is reported, the ratios this/base of those two rounds, every
+round's CPU and throughput, and the range of the per-round CPU ratios.
 """
 
 from __future__ import annotations
@@ -227,7 +228,7 @@ def main() -> int:
     parser.add_argument("--lag-timeout", type=float, default=120.0)
     parser.add_argument("--workers", type=int, default=1, help="uvicorn worker processes (several: the scale path)")
     parser.add_argument("--base", help="a commit to measure in alternating rounds with this checkout (SQLite only)")
-    parser.add_argument("--rounds", type=int, default=3, help="with --base: rounds of each, alternating")
+    parser.add_argument("--rounds", type=int, default=3, help="with --base: rounds of each (at least 1), alternating")
     args = parser.parse_args()
     given_url = os.environ.get("DATABASE_URL", "")
     if args.base and given_url:
@@ -265,7 +266,7 @@ def main() -> int:
         report(run, name if args.base else "")
     if args.base:
         base, this = runs[base_name], runs["this checkout"]
-        print(f"-- this checkout / base, medians of {len(rounds[base_name])} alternating rounds: "
+        print(f"-- this checkout / base, the median-CPU rounds of {len(rounds[base_name])} alternating rounds each: "
               f"throughput {this.throughput / base.throughput:.2f}x, "
               f"server CPU per span {this.cpu_per_span / base.cpu_per_span:.2f}x, "
               f"peak RSS {this.rss / base.rss:.2f}x")
@@ -281,7 +282,7 @@ def main() -> int:
           + f".venv/bin/python bench/ingest.py --spans {args.spans} --batch {args.batch} "
           f"--concurrency {args.concurrency}{' --gzip' if args.gzip else ''}{' --json' if args.json else ''}"
           + (f" --workers {args.workers}" if args.workers > 1 else "")
-          + (f" --base {args.base} --rounds {args.rounds}" if args.base else ""))
+          + (f" --base {args.base} --rounds {max(1, args.rounds)}" if args.base else ""))
     ok = all(r.stored == sum(counts) and r.pending == 0 and r.result["http_errors"] == 0
              for measured in rounds.values() for r in measured)
     return 0 if ok else 1

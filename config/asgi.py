@@ -27,11 +27,9 @@ from dashboard.live import record_serving_loop  # noqa: E402
 from dashboard.origin import SameOriginValidator  # noqa: E402
 from pipeline.receivers.otlp_router import OtlpIngestRouter  # noqa: E402
 from dashboard.routing import websocket_urlpatterns  # noqa: E402
-from pipeline.insight.pricing import load_price_database  # noqa: E402
-from pipeline.tokens.encodings import preload_builtin  # noqa: E402
+from pipeline.ingest.service import load_ingest_data  # noqa: E402
 
-load_price_database()  # at startup, not in the first request that prices an LLM call
-preload_builtin()  # likewise the tokenizers, not in the first request that counts a tool result
+load_ingest_data()  # prices and tokenizers at startup, not in the first requests that need them
 
 # record_serving_loop: ingest committed on other threads sends its live updates on this loop.
 application = record_serving_loop(ProtocolTypeRouter(

@@ -4,14 +4,19 @@ from __future__ import annotations
 
 from django.contrib import admin, messages
 from django.db import transaction
-from django.http import FileResponse, Http404
+from django.db.models import Model, QuerySet
+from django.http import FileResponse, Http404, HttpRequest
 from django.urls import path, reverse
 from django.utils import timezone
 from django.utils.html import format_html
 
 from pipeline.artifacts.cleanup import cleanup_artifacts, delete_expired_artifacts
 from pipeline.artifacts.store import ArtifactError, open_artifact
+from pipeline.ingest.write import sql
+from pipeline.ingest.write.counters import recompute_counters
+from pipeline.insight import finding_counts
 from pipeline.rollups import track as rollups
+from pipeline.signals import empty_changes, ingest_committed
 from pipeline.models import (
     ApiKey,
     Artifact,
@@ -32,18 +37,28 @@ PREVIEW_BYTES = 4096
 
 
 class RollupsFollowDeletes:
-    """Rounds and calls deleted here leave the rollups, with what cascades from them, in the
-    delete's transaction (conversations leave through their pre_delete hook)."""
+    """Rounds and calls deleted here leave the rollups (with what cascades from them), and their
+    conversations' counters follow, in the delete's transaction; after it, their finding counts
+    refresh and open pages update, as after an ingest. The conversations are locked first, as an
+    ingest transaction locks them, so the two queue."""
 
-    def delete_model(self, request, obj) -> None:
-        with transaction.atomic():
-            rollups.deleting_with_cascade([obj])
-            super().delete_model(request, obj)
+    def delete_model(self, request: HttpRequest, obj: Model) -> None:
+        self.delete_queryset(request, type(obj).objects.filter(pk=obj.pk))
 
-    def delete_queryset(self, request, queryset) -> None:
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet) -> None:
         with transaction.atomic():
-            rollups.deleting_with_cascade(queryset)
-            super().delete_queryset(request, queryset)
+            conversation_ids = set(queryset.values_list("conversation_id", flat=True))
+            sql.lock_rows(Conversation, conversation_ids)
+            rows = list(queryset.model.objects.filter(pk__in=queryset.values("pk")))  # as stored, once locked
+            rollups.collect_deletion(rows).delete()
+            # as retention does for a conversation that lost rows: its rounds and it, from what is left
+            rounds = Round.objects.filter(conversation_id__in=conversation_ids).values_list("pk", flat=True)
+            recompute_counters(set(rounds), conversation_ids)
+            finding_counts.mark_stale(conversation_ids)
+            changes = empty_changes()
+            changes["conversation_ids"] = sorted(conversation_ids)
+            # after commit, as after an ingest: finding counts refresh, open pages update
+            transaction.on_commit(lambda: ingest_committed.send_robust(sender=type(self), changes=changes))
 
 
 class KeptByIngest:

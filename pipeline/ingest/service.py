@@ -130,6 +130,17 @@ def body_timed_out(seconds: float) -> Failed:
 
 # ---- the flow ---------------------------------------------------------------------------------
 
+def load_ingest_data() -> None:
+    """What ingest reads in its first requests, loaded while a server starts instead: the price
+    table and the tokenizers (config/asgi.py, serve_otlp_grpc)."""
+    from pipeline.insight.pricing import load_price_database
+    from pipeline.tokens.encodings import preload_builtin
+
+    load_price_database()
+    preload_builtin()
+
+
+
 def authenticate(authorization: str | None) -> ApiKey | Failed:
     try:
         return check_bearer_key(authorization, INGEST_SCOPE)

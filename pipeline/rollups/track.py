@@ -5,7 +5,7 @@ Three hooks, one per kind of write, called where the rows are written:
     inserted(ToolCall, rows)                    # pipeline.ingest.write.rows.insert_rows
     with updating(ToolCall, rows, names): ...   # pipeline.ingest.write.sql.update_rows
     deleting(ToolCall, ids)                     # replaced spans, retention.prune, a conversation deleted
-    deleting_with_cascade(rounds)               # the admin deletes rounds or calls (pipeline.admin)
+    collect_deletion(rounds).delete()           # the admin deletes rounds or calls (pipeline.admin)
 
 and the ORM's signals for rows saved or deleted through it (the admin, retention.prune, scripts,
 test fixtures). Conversations take the same hooks: inserted where ingest creates them
@@ -206,20 +206,23 @@ def deleting(model: type[Model], ids: Sequence[int]) -> None:
     _add_stored(model, ids, sign=-1)
 
 
-def deleting_with_cascade(objs: Iterable[Model]) -> None:
-    """Take out every call a delete of `objs` removes, with what cascades from them (a round
-    takes its calls; the admin's deletes of rounds and calls). Found as Django's delete will find
-    them (its Collector); conversations are taken out by their own pre_delete hook."""
+def collect_deletion(objs: Iterable[Model]) -> Collector:
+    """Django's Collector for a delete of `objs` (rounds or calls), with every call it will remove,
+    cascade included, taken out of the rollups: the caller deletes with it (`collector.delete()`),
+    in the same transaction, so what leaves the rollups is what is deleted. Not for conversations:
+    they leave through their pre_delete hook, which takes their calls out itself."""
     collector = Collector(using=connection.alias)
     collector.collect(list(objs))
+    if Conversation in collector.data:
+        raise ValueError("conversations are deleted with Model.delete(): their pre_delete hook keeps the rollups")
     ids: dict[type[Model], set[int]] = defaultdict(set)
     for model, instances in collector.data.items():
         ids[model].update(instance.pk for instance in instances)
     for queryset in collector.fast_deletes:
         ids[queryset.model].update(queryset.values_list("pk", flat=True))
     for model, pks in ids.items():
-        if model is not Conversation:
-            deleting(model, sorted(pks))
+        deleting(model, sorted(pks))
+    return collector
 
 
 def _add_stored(model: type[Model], ids: Sequence[int], sign: int) -> None:

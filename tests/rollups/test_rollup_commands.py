@@ -14,6 +14,8 @@ from django.urls import reverse
 
 from pipeline.models import CompressionEvent, LLMCall, Rollup, Round, ToolCall
 from pipeline.rollups.compact import rebuild_rollups
+from pipeline.rollups.track import collect_deletion
+from pipeline.signals import ingest_committed
 from tests.factories import make_conversation
 
 pytestmark = pytest.mark.django_db
@@ -137,17 +139,27 @@ def a_turn(conversation, key: str, at: datetime, n: int) -> Round:
 
 @pytest.mark.parametrize("how", ["delete page", "delete_selected action"])
 @time_machine.travel(NOW, tick=False)  # the rebuild keeps minutes and hours of the recent past only
-def test_a_round_deleted_in_the_admin_takes_its_calls_out_of_the_rollups(client, alice, how):
+def test_a_round_deleted_in_the_admin_takes_its_calls_out_of_the_rollups(client, alice, how,
+                                                                         django_capture_on_commit_callbacks):
     conversation = make_conversation()
+    announced = []
+
+    def receiver(changes, **kwargs):
+        announced.append(changes["conversation_ids"])
     kept, deleted = a_turn(conversation, "r1", NOW, 10), a_turn(conversation, "r2", NOW + timedelta(seconds=5), 20)
     with_both = rollup_rows()
     client.force_login(alice)
 
-    if how == "delete page":
-        response = client.post(reverse("admin:pipeline_round_delete", args=[deleted.pk]), {"post": "yes"})
-    else:
-        response = client.post(reverse("admin:pipeline_round_changelist"),
-                               {"action": "delete_selected", "_selected_action": [deleted.pk], "post": "yes"})
+    ingest_committed.connect(receiver)
+    try:
+        with django_capture_on_commit_callbacks(execute=True):
+            if how == "delete page":
+                response = client.post(reverse("admin:pipeline_round_delete", args=[deleted.pk]), {"post": "yes"})
+            else:
+                response = client.post(reverse("admin:pipeline_round_changelist"),
+                                       {"action": "delete_selected", "_selected_action": [deleted.pk], "post": "yes"})
+    finally:
+        ingest_committed.disconnect(receiver)
 
     assert response.status_code == 302
     assert list(Round.objects.values_list("pk", flat=True)) == [kept.pk]
@@ -156,6 +168,11 @@ def test_a_round_deleted_in_the_admin_takes_its_calls_out_of_the_rollups(client,
     assert incremental != with_both
     rebuild_rollups()
     assert rollup_rows() == incremental  # what the rows left say, nothing of the deleted round
+    conversation.refresh_from_db()
+    assert (conversation.round_count, conversation.llm_call_count, conversation.tool_call_count,
+            conversation.compression_count, conversation.input_tokens) == (1, 1, 1, 1, 1010)
+    assert conversation.findings_stale
+    assert announced == [[conversation.pk]]
 
 
 @time_machine.travel(NOW, tick=False)
@@ -170,6 +187,35 @@ def test_an_llm_call_deleted_in_the_admin_leaves_the_rollups_and_its_tools_stay(
     assert response.status_code == 302
     assert ToolCall.objects.get().llm_call_id is None  # SET_NULL: the tool stays, and in its rollups
     incremental = rollup_rows()
-    assert not Rollup.objects.filter(kind="model").exclude(calls=0).exists()
+    assert not Rollup.objects.filter(kind="model").exists()
     rebuild_rollups()
     assert rollup_rows() == incremental
+    round_ = Round.objects.get()
+    assert (round_.llm_call_count, round_.tool_call_count, round_.input_tokens) == (0, 1, 0)
+
+
+@time_machine.travel(NOW, tick=False)
+def test_tool_calls_and_compressions_deleted_in_the_admin_leave_the_rollups(client, alice):
+    conversation = make_conversation()
+    a_turn(conversation, "r1", NOW, 10)
+    a_turn(conversation, "r2", NOW + timedelta(seconds=5), 20)
+    client.force_login(alice)
+
+    for model in (ToolCall, CompressionEvent):
+        response = client.post(reverse(f"admin:pipeline_{model._meta.model_name}_changelist"), {
+            "action": "delete_selected", "_selected_action": list(model.objects.values_list("pk", flat=True)),
+            "post": "yes"})
+        assert response.status_code == 302
+
+    assert not ToolCall.objects.exists() and not CompressionEvent.objects.exists()
+    assert set(Rollup.objects.values_list("kind", flat=True)) == {"model", "conversation"}
+    incremental = rollup_rows()
+    rebuild_rollups()
+    assert rollup_rows() == incremental
+    conversation.refresh_from_db()
+    assert (conversation.tool_call_count, conversation.compression_count, conversation.llm_call_count) == (0, 0, 2)
+
+
+def test_the_deletion_collector_refuses_conversations():
+    with pytest.raises(ValueError, match="pre_delete"):
+        collect_deletion([make_conversation()])

@@ -21,6 +21,7 @@ from pathlib import Path
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from pipeline.conf import ctxlens_config
+from pipeline.ingest.service import load_ingest_data
 from pipeline.receivers.otlp_grpc import DEFAULT_PORT, build_server
 
 GRACE_SECONDS = 10
@@ -52,6 +53,7 @@ class Command(BaseCommand):
             server, bound = build_server(host, int(port), workers, tls=tls)  # type: ignore[arg-type]
         except (OSError, RuntimeError) as error:
             raise CommandError(f"cannot serve OTLP/gRPC on {options['host']}:{port}: {error}") from None
+        load_ingest_data()
         stop = threading.Event()
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, lambda *_: stop.set())
