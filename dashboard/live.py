@@ -69,7 +69,7 @@ def _capped(ids: list[int]) -> tuple[list[int], bool]:
 
 
 def changes_from_ingest(changes: IngestChanges) -> LiveChanges:
-    live: dict = {"overflow": False}
+    live: dict = {"overflow": bool(changes.get("rows_removed"))}  # what a page shows may be gone: reload it
     for key in _ID_KEYS:
         live[key], over = _capped([int(i) for i in changes.get(key, [])])
         live["overflow"] |= over

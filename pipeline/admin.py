@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 from django.contrib import admin, messages
 from django.db import transaction
 from django.db.models import Model, QuerySet
@@ -16,7 +18,7 @@ from pipeline.ingest.write import sql
 from pipeline.ingest.write.counters import recompute_counters
 from pipeline.insight import finding_counts
 from pipeline.rollups import track as rollups
-from pipeline.signals import empty_changes, ingest_committed
+from pipeline.signals import IngestChanges, empty_changes, ingest_committed
 from pipeline.models import (
     ApiKey,
     Artifact,
@@ -33,32 +35,47 @@ from pipeline.models import (
     ToolResultCarry,
 )
 
+logger = logging.getLogger(__name__)
+
 PREVIEW_BYTES = 4096
 
 
 class RollupsFollowDeletes:
-    """Rounds and calls deleted here leave the rollups (with what cascades from them), and their
-    conversations' counters follow, in the delete's transaction; after it, their finding counts
-    refresh and open pages update, as after an ingest. The conversations are locked first, as an
-    ingest transaction locks them, so the two queue."""
+    """Rounds and calls deleted here leave the rollups (with what cascades from them), and the
+    counters of their rounds and conversations follow, in the delete's transaction; after it,
+    finding counts refresh and open pages reload, as after an ingest.
+
+    Locks are taken in ingest's order: the conversations (until the rows to delete are all in
+    conversations already locked: an ingest may fold a placeholder conversation into another
+    meanwhile), then the rollup rows, in one pass at the end (`batched`)."""
 
     def delete_model(self, request: HttpRequest, obj: Model) -> None:
         self.delete_queryset(request, type(obj).objects.filter(pk=obj.pk))
 
     def delete_queryset(self, request: HttpRequest, queryset: QuerySet) -> None:
         with transaction.atomic():
-            conversation_ids = set(queryset.values_list("conversation_id", flat=True))
-            sql.lock_rows(Conversation, conversation_ids)
-            rows = list(queryset.model.objects.filter(pk__in=queryset.values("pk")))  # as stored, once locked
-            rollups.collect_deletion(rows).delete()
-            # as retention does for a conversation that lost rows: its rounds and it, from what is left
-            rounds = Round.objects.filter(conversation_id__in=conversation_ids).values_list("pk", flat=True)
-            recompute_counters(set(rounds), conversation_ids)
-            finding_counts.mark_stale(conversation_ids)
+            locked: set[int] = set()
+            while True:
+                rows = list(queryset.model.objects.filter(pk__in=queryset.values("pk")))
+                wanted = {row.conversation_id for row in rows}
+                if wanted <= locked:
+                    break
+                sql.lock_rows(Conversation, wanted - locked)
+                locked |= wanted
+            round_ids = {getattr(row, "round_id", None) for row in rows} - {None}
+            with rollups.batched():
+                rollups.collect_deletion(rows).delete()
+            recompute_counters(set(Round.objects.filter(pk__in=round_ids).values_list("pk", flat=True)), locked)
+            finding_counts.mark_stale(locked)
             changes = empty_changes()
-            changes["conversation_ids"] = sorted(conversation_ids)
-            # after commit, as after an ingest: finding counts refresh, open pages update
-            transaction.on_commit(lambda: ingest_committed.send_robust(sender=type(self), changes=changes))
+            changes.update(conversation_ids=sorted(locked), rows_removed=True)
+            transaction.on_commit(lambda: _announce(type(self), changes))
+
+
+def _announce(sender: type, changes: IngestChanges) -> None:
+    for receiver, error in ingest_committed.send_robust(sender=sender, changes=changes):
+        if isinstance(error, Exception):
+            logger.error("ingest_committed receiver %r failed: %r", receiver, error)
 
 
 class KeptByIngest:

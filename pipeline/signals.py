@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TypedDict
+from typing import NotRequired, TypedDict
 
 from django.dispatch import Signal
 
@@ -19,12 +19,13 @@ class IngestChanges(TypedDict):
     input_tokens: int  # token deltas of the new LLM calls
     output_tokens: int
     span_count: int  # new spans stored
+    rows_removed: NotRequired[bool]  # rows were deleted (the admin): pages reload what they show
 
 
 def empty_changes() -> IngestChanges:
     return IngestChanges(
         conversation_ids=[], new_conversation_ids=[], round_ids=[], llm_call_ids=[], tool_call_ids=[],
-        compression_ids=[], input_tokens=0, output_tokens=0, span_count=0,
+        compression_ids=[], input_tokens=0, output_tokens=0, span_count=0, rows_removed=False,
     )
 
 

@@ -128,7 +128,7 @@ def body_timed_out(seconds: float) -> Failed:
     return Failed(Kind.TIMED_OUT, f"no request body bytes arrived for {seconds:g} s")
 
 
-# ---- the flow ---------------------------------------------------------------------------------
+# ---- at server start --------------------------------------------------------------------------
 
 def load_ingest_data() -> None:
     """What ingest reads in its first requests, loaded while a server starts instead: the price
@@ -140,6 +140,7 @@ def load_ingest_data() -> None:
     preload_builtin()
 
 
+# ---- the flow ---------------------------------------------------------------------------------
 
 def authenticate(authorization: str | None) -> ApiKey | Failed:
     try:

@@ -106,6 +106,17 @@ async def test_a_logged_in_browser_gets_hello_then_changes(session_cookie, setti
     await communicator.disconnect()
 
 
+async def test_rows_removed_reach_the_browser_as_reload_everything(session_cookie):
+    """An admin delete names no rows a page could patch in: the page reloads what it shows."""
+    communicator = await connect("/ws/live/", session_cookie)
+    await communicator.receive_json_from()  # hello
+    removed = {**changes(7), "rows_removed": True}
+    await sync_to_async(ingest_committed.send)(sender=None, changes=removed)
+    message = await communicator.receive_json_from(timeout=2)
+    assert message["conversation_ids"] == [7] and message["overflow"] is True
+    await communicator.disconnect()
+
+
 async def test_a_burst_of_ingest_is_coalesced_into_a_few_messages(session_cookie, settings):
     communicator = await connect("/ws/live/", session_cookie)
     await communicator.receive_json_from()

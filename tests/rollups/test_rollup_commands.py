@@ -9,9 +9,9 @@ import pytest
 import time_machine
 from django.core.management import call_command
 from django.core.management.base import SystemCheckError
-
 from django.urls import reverse
 
+from pipeline.ingest.write.counters import recompute_counters
 from pipeline.models import CompressionEvent, LLMCall, Rollup, Round, ToolCall
 from pipeline.rollups.compact import rebuild_rollups
 from pipeline.rollups.track import collect_deletion
@@ -134,6 +134,7 @@ def a_turn(conversation, key: str, at: datetime, n: int) -> Round:
     CompressionEvent.objects.create(conversation=conversation, round=round_, trace_id=f"{n:032x}",
                                     span_id=f"{n + 2:016x}", strategy="truncate", occurred_at=at,
                                     tokens_before=900, tokens_after=300)
+    recompute_counters({round_.pk}, {conversation.pk})  # what ingest keeps
     return round_
 
 
@@ -145,19 +146,24 @@ def test_a_round_deleted_in_the_admin_takes_its_calls_out_of_the_rollups(client,
     announced = []
 
     def receiver(changes, **kwargs):
-        announced.append(changes["conversation_ids"])
+        announced.append((changes["conversation_ids"], changes["rows_removed"]))
     kept, deleted = a_turn(conversation, "r1", NOW, 10), a_turn(conversation, "r2", NOW + timedelta(seconds=5), 20)
     with_both = rollup_rows()
+    conversation.refresh_from_db()
+    assert (conversation.round_count, conversation.llm_call_count, conversation.input_tokens) == (2, 2, 2030)
     client.force_login(alice)
 
     ingest_committed.connect(receiver)
     try:
-        with django_capture_on_commit_callbacks(execute=True):
+        with django_capture_on_commit_callbacks() as after_commit:
             if how == "delete page":
                 response = client.post(reverse("admin:pipeline_round_delete", args=[deleted.pk]), {"post": "yes"})
             else:
                 response = client.post(reverse("admin:pipeline_round_changelist"),
                                        {"action": "delete_selected", "_selected_action": [deleted.pk], "post": "yes"})
+        assert announced == []  # not before the delete commits
+        for callback in after_commit:
+            callback()
     finally:
         ingest_committed.disconnect(receiver)
 
@@ -172,7 +178,7 @@ def test_a_round_deleted_in_the_admin_takes_its_calls_out_of_the_rollups(client,
     assert (conversation.round_count, conversation.llm_call_count, conversation.tool_call_count,
             conversation.compression_count, conversation.input_tokens) == (1, 1, 1, 1, 1010)
     assert conversation.findings_stale
-    assert announced == [[conversation.pk]]
+    assert announced == [([conversation.pk], True)]  # open pages reload what they show
 
 
 @time_machine.travel(NOW, tick=False)
