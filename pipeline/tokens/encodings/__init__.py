@@ -19,7 +19,8 @@ an OpenAI model uses, or None when the table does not know the model.
 A built-in encoding is loaded when text is first counted with it, once per process however many
 threads ask at the same moment (``LazyCounter``): each costs 0.1–0.3 s of CPU and 35–45 MB,
 and what a model's profile needs besides (its window, whether it counts exactly) does not need it.
-The server loads both at startup instead (``preload_builtin``, from config/asgi.py).
+A server loads them all at startup instead (``preload_builtin``, through
+``pipeline.ingest.service.load_ingest_data``: the ASGI app and the gRPC receiver).
 """
 
 from __future__ import annotations
