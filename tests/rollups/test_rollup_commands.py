@@ -147,6 +147,7 @@ def test_a_round_deleted_in_the_admin_takes_its_calls_out_of_the_rollups(client,
 
     def receiver(changes, **kwargs):
         announced.append((changes["conversation_ids"], changes["rows_removed"]))
+
     kept, deleted = a_turn(conversation, "r1", NOW, 10), a_turn(conversation, "r2", NOW + timedelta(seconds=5), 20)
     with_both = rollup_rows()
     conversation.refresh_from_db()
