@@ -4,12 +4,15 @@ counts refresh.
 
 The team's standard load (../shared/bench/otlp_load.py, or CTXLENS_OTLP_LOAD) is built, then
 stored batch by batch on a throw-away SQLite database in this process, with no server and no
-background threads: after every `--every` batches the deferred counts and the finding counts are
+background threads: after every `--every` requests the deferred counts and the finding counts are
 completed on this thread (the server runs them at most once a second), so each phase's CPU is
 its own (time.thread_time). With --base, that commit's tree (a temporary git worktree) runs the
 same load first, in a process of its own, and the ratios this/base follow.
 
-    .venv/bin/python bench/ingest_phases.py [--spans 10000] [--every 5] [--base <commit>]
+    .venv/bin/python bench/ingest_phases.py [--spans 10000] [--every 5] [--batch 100] [--base <commit>]
+
+--batch sets the spans per request, and so per transaction: `--batch 400` against `--batch 100`
+is what the ingest writer's group commit gains when it joins four queued requests.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from trees import checkout, short  # noqa: E402
 PHASES = ("decode", "prepare", "store", "deferred", "findings")
 
 
-def run_here(spans: int, every: int) -> dict[str, float]:
+def run_here(spans: int, every: int, batch: int = 100) -> dict[str, float]:
     """The phases' CPU per span (µs) of the code in the current directory's tree."""
     sys.path.insert(0, os.getcwd())
     work = Path(tempfile.mkdtemp(prefix="ctxlens-bench-"))
@@ -53,7 +56,7 @@ def run_here(spans: int, every: int) -> dict[str, float]:
     deferred.schedule = lambda: None  # completed below, on this thread
     ingest_committed.disconnect(dispatch_uid="pipeline.finding_counts")
     ingest_committed.disconnect(dispatch_uid="dashboard.live")
-    bodies = [r.SerializeToString() for r in load_generator().build_requests(spans, 100, run_id="phases")]
+    bodies = [r.SerializeToString() for r in load_generator().build_requests(spans, batch, run_id="phases")]
     cpu = dict.fromkeys(PHASES, 0.0)
 
     def timed(phase: str, work):
@@ -73,28 +76,29 @@ def run_here(spans: int, every: int) -> dict[str, float]:
 
 
 def measure(tree: Path, args: argparse.Namespace) -> dict[str, float]:
-    done = subprocess.run([sys.executable, __file__, "--child", "--spans", str(args.spans), "--every", str(args.every)],
-                          cwd=tree, check=True, capture_output=True, text=True)
+    done = subprocess.run([sys.executable, __file__, "--child", "--spans", str(args.spans), "--every", str(args.every),
+                           "--batch", str(args.batch)], cwd=tree, check=True, capture_output=True, text=True)
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--spans", type=int, default=10000)
-    parser.add_argument("--every", type=int, default=5, help="batches of 100 spans between background runs")
+    parser.add_argument("--every", type=int, default=5, help="requests between background runs")
+    parser.add_argument("--batch", type=int, default=100, help="spans per request (per transaction)")
     parser.add_argument("--base", help="a commit to measure first, in the same run")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(run_here(args.spans, args.every)))
+        print(json.dumps(run_here(args.spans, args.every, args.batch)))
         return 0
     runs: dict[str, dict[str, float]] = {}
     if args.base:
         with checkout(args.base) as base:
             runs[f"base {short(args.base)}"] = measure(base, args)
     runs["this checkout"] = measure(ROOT, args)
-    print(f"CPU per span (µs), {args.spans} spans of the standard load, SQLite, background work every "
-          f"{args.every} batches")
+    print(f"CPU per span (µs), {args.spans} spans of the standard load in requests of {args.batch}, SQLite, "
+          f"background work every {args.every} requests")
     print(f"{'':16}" + "".join(f"{phase:>10}" for phase in PHASES) + f"{'total':>10}")
     for name, phases in runs.items():
         print(f"{name:16}" + "".join(f"{phases[p]:10.1f}" for p in PHASES) + f"{sum(phases.values()):10.1f}")
@@ -102,7 +106,8 @@ def main() -> int:
         base, this = runs[f"base {short(args.base)}"], runs["this checkout"]
         print(f"{'this / base':16}" + "".join(f"{this[p] / base[p]:9.2f}x" for p in PHASES)
               + f"{sum(this.values()) / sum(base.values()):9.2f}x")
-    print(f"reproduce       .venv/bin/python bench/ingest_phases.py --spans {args.spans} --every {args.every}"
+    print(f"reproduce       .venv/bin/python bench/ingest_phases.py --spans {args.spans} --every {args.every} "
+          f"--batch {args.batch}"
           + (f" --base {args.base}" if args.base else ""))
     return 0
 

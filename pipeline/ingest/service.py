@@ -36,7 +36,16 @@ from pipeline.ingest.decode.decompress import BodyTooLarge, CorruptBody, Unsuppo
 from pipeline.ingest.ratelimit import check_ingest_rate
 from pipeline.ingest.normalise.span import NormalisedSpan
 from pipeline.ingest.records import LogRecord, SpanRecord
-from pipeline.ingest.write.store import IngestResult, PreparedBatch, prepare_spans, store_prepared, store_spans
+from pipeline.ingest.write.store import (
+    IngestResult,
+    PreparedBatch,
+    prepare_spans,
+    span_keys,
+    store_prepared,
+    store_prepared_together,
+    store_spans,
+)
+from pipeline.ingest.write.writer_threads import JoinableWork, outcome_of
 from pipeline.models import ApiKey
 
 logger = logging.getLogger(__name__)
@@ -215,6 +224,39 @@ def chunks_by_trace(spans: list[NormalisedSpan], size: int) -> list[list[Normali
     return chunks
 
 
+class StoreChunk(JoinableWork):
+    """One transaction's worth of a request. On the writer thread, chunks of other requests queued
+    behind it join its transaction (group commit) when together they hold at most
+    CTXLENS_INGEST_CHUNK_SPANS spans, share no span and carry no logs; each request still gets
+    the result it would have had alone, and all of them are stored or none."""
+
+    def __init__(self, batch: PreparedBatch, source: str, logs: list[LogRecord] | None) -> None:
+        self.batch, self.source, self.logs = batch, source, logs
+        self.keys = span_keys(batch)  # computed here, on the request's thread, not on the writer's
+
+    def __call__(self) -> IngestResult:
+        return store_prepared(self.batch, source=self.source, logs=self.logs)
+
+    def fits(self, group: list[StoreChunk]) -> bool:
+        if self.logs or not self.keys:
+            return False
+        if any(unit.logs or not unit.keys or unit.source != self.source for unit in group):
+            return False
+        if len(self.keys) + sum(len(unit.keys) for unit in group) > ctxlens_config().ingest_chunk_spans:
+            return False
+        return all(self.keys.isdisjoint(unit.keys) for unit in group)
+
+    @classmethod
+    def run_together(cls, group: list[StoreChunk]) -> list[IngestResult | Exception]:
+        try:
+            return store_prepared_together([unit.batch for unit in group], source=group[0].source)
+        except (OperationalError, InterfaceError) as error:  # the database's state, not a request's spans
+            return [error] * len(group)
+        except Exception:  # one request's spans may have failed the transaction: each on its own
+            logger.info("a group commit failed; its %d requests are stored one by one", len(group), exc_info=True)
+            return [outcome_of(unit) for unit in group]
+
+
 def _store_in_chunks(prepared: PreparedBatch, source: str, logs: list[LogRecord], run_store: RunStore) -> IngestResult:
     """Store `prepared` a chunk of spans per transaction; the logs go with the last chunk."""
     chunks = chunks_by_trace(prepared.spans, max(1, ctxlens_config().ingest_chunk_spans))
@@ -222,7 +264,7 @@ def _store_in_chunks(prepared: PreparedBatch, source: str, logs: list[LogRecord]
     for number, spans in enumerate(chunks, 1):
         last = number == len(chunks)
         chunk = PreparedBatch(spans, IngestResult(), prepared.counts)
-        stored = run_store(lambda chunk=chunk, last=last: store_prepared(chunk, source=source, logs=logs if last else None))
+        stored = run_store(StoreChunk(chunk, source, logs if last else None))
         result.accepted += stored.accepted
         result.duplicates += stored.duplicates
     return result

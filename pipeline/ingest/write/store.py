@@ -127,16 +127,38 @@ def prepare_spans(records: Sequence[SpanRecord]) -> PreparedBatch:
 
 def store_prepared(batch: PreparedBatch, *, source: str = "otlp", logs: Sequence[LogRecord] | None = None) -> IngestResult:
     """The database half: one transaction for the whole batch."""
-    result, spans = batch.result, batch.spans
-    if not spans and not logs:
-        return result
+    if not batch.spans and not logs:
+        return batch.result
+    changes, fresh = _in_transaction(batch.spans, source, [clean_log(log) for log in logs or ()], batch.counts)
+    _account(batch, fresh, changes)
+    return batch.result
+
+
+def store_prepared_together(batches: Sequence[PreparedBatch], *, source: str = "otlp") -> list[IngestResult]:
+    """Several requests' batches in one transaction (the writer's group commit): all are stored or
+    none, and each gets the result it would have had alone. No span may be in two of them (a
+    re-send racing its original is stored on its own, after it), and none carries logs."""
+    spans = [s for batch in batches for s in batch.spans]
+    counts = {key: count for batch in batches for key, count in batch.counts.items()}
+    changes, fresh = _in_transaction(spans, source, [], counts)
+    for batch in batches:
+        _account(batch, fresh, changes)
+    return [batch.result for batch in batches]
+
+
+def span_keys(batch: PreparedBatch) -> set[tuple[str, str]]:
+    return {(s.record.trace_id, s.record.span_id) for s in batch.spans}
+
+
+def _in_transaction(
+    spans: list[NormalisedSpan], source: str, logs: list[LogRecord], counts: dict[tuple[str, str], Precount]
+) -> tuple[IngestChanges, set[tuple[str, str]]]:
     for attempt in range(ATTEMPTS):
         try:
             with transaction.atomic(), rollups.batched():  # the rollups' changes, written once at the end
-                changes, accepted, duplicates, pending = _store(
-                    spans, source, [clean_log(log) for log in logs or ()], batch.counts)
+                changes, fresh, pending = _store(spans, source, logs, counts)
                 transaction.on_commit(lambda: _committed(changes, pending))
-            break
+            return changes, fresh
         except IntegrityError:  # a concurrent writer stored one of these spans first: look again
             if attempt == ATTEMPTS - 1:
                 raise
@@ -144,10 +166,15 @@ def store_prepared(batch: PreparedBatch, *, source: str = "otlp", logs: Sequence
             if attempt == ATTEMPTS - 1 or not sql.is_deadlock(error):
                 raise
             time.sleep(random.uniform(0.01, 0.05) * (attempt + 1))
-    result.accepted = accepted
-    result.duplicates += duplicates
-    result.changes = changes
-    return result
+    raise AssertionError("unreachable: the last attempt returns or raises")
+
+
+def _account(batch: PreparedBatch, fresh: set[tuple[str, str]], changes: IngestChanges) -> None:
+    """`batch.result` once its spans are stored: those not in `fresh` were stored already."""
+    accepted = sum((s.record.trace_id, s.record.span_id) in fresh for s in batch.spans)
+    batch.result.accepted = accepted
+    batch.result.duplicates += len(batch.spans) - accepted
+    batch.result.changes = changes
 
 
 def store_spans(
@@ -158,8 +185,8 @@ def store_spans(
 
 def _store(
     spans: list[NormalisedSpan], source: str, logs: list[LogRecord], counts: dict[tuple[str, str], Precount]
-) -> tuple[IngestChanges, int, int, bool]:
-    """Store the batch; (changes, spans stored, duplicates, whether token work was left pending)."""
+) -> tuple[IngestChanges, set[tuple[str, str]], bool]:
+    """Store the batch; (changes, the keys of the spans stored, whether token work was left pending)."""
     changes = empty_changes()
     pending = bool(logs)
     # Requests that carry parts of one trace take turns from here on (PostgreSQL; SQLite has one writer).
@@ -177,7 +204,6 @@ def _store(
         if (k := (s.record.trace_id, s.record.span_id)) not in stored
         or (k in finishing and s.record.end_time_unix_nano > 0)
     ]
-    duplicates = len(spans) - len(fresh)
     replaced = [(s.record.trace_id, s.record.span_id) for s in fresh if (s.record.trace_id, s.record.span_id) in stored]
     if replaced:
         delete_span_rows(replaced)
@@ -235,7 +261,7 @@ def _store(
     mark_stale(conversation_ids)  # their finding counts are refreshed after the commit
     changes["round_ids"] = sorted(round_ids)
     changes["conversation_ids"] = sorted(conversation_ids)
-    return changes, len(fresh), duplicates, pending
+    return changes, {(s.record.trace_id, s.record.span_id) for s in fresh}, pending
 
 
 def _logged_traces(traces: set[str], logs: list[LogRecord]) -> set[str]:
