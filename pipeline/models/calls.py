@@ -28,7 +28,9 @@ class LLMCall(SpanRecordMixin):
     # Found by (conversation, started_at) (an index of its own would be a shorter duplicate that
     # PostgreSQL's planner picks for a conversation's time window, then filters every call of it).
     conversation = models.ForeignKey(Conversation, on_delete=models.CASCADE, related_name="llm_calls", db_index=False)
-    round = models.ForeignKey(Round, on_delete=models.CASCADE, null=True, blank=True, related_name="llm_calls")
+    # Found by (round, started_at), likewise.
+    round = models.ForeignKey(Round, on_delete=models.CASCADE, null=True, blank=True, related_name="llm_calls",
+                              db_index=False)
     step = models.PositiveIntegerField(default=0)  # order inside the round
     model = models.CharField(max_length=255, blank=True)
     request_model = models.CharField(max_length=255, blank=True)
@@ -90,12 +92,15 @@ class ToolCall(SpanRecordMixin):
     # Found by (conversation, started_at) (an index of its own would be a shorter duplicate that
     # PostgreSQL's planner picks for a conversation's time window, then filters every call of it).
     conversation = models.ForeignKey(Conversation, on_delete=models.CASCADE, related_name="tool_calls", db_index=False)
-    round = models.ForeignKey(Round, on_delete=models.CASCADE, null=True, blank=True, related_name="tool_calls")
+    # Found by (round, started_at), likewise (tool_unowned_idx holds only the unowned tools).
+    round = models.ForeignKey(Round, on_delete=models.CASCADE, null=True, blank=True, related_name="tool_calls",
+                              db_index=False)
     llm_call = models.ForeignKey(
         LLMCall, on_delete=models.SET_NULL, null=True, blank=True, related_name="tool_calls"
     )
     tool_name = models.CharField(max_length=255)
-    tool_call_id = models.CharField(max_length=255, blank=True, db_index=True)
+    # Looked up only inside a conversation (tool_conv_call_id_idx) or a round, never on its own.
+    tool_call_id = models.CharField(max_length=255, blank=True)
     arguments = models.JSONField(default=dict, blank=True)
     observation = models.TextField(blank=True)
     observation_tokens = models.IntegerField(default=0)

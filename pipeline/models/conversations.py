@@ -76,7 +76,9 @@ class Conversation(models.Model):
 
 
 class Round(models.Model):
-    conversation = models.ForeignKey(Conversation, on_delete=models.CASCADE, related_name="rounds")
+    # Found by (conversation, key) and (conversation, started_at): an index of its own would only
+    # repeat their prefix.
+    conversation = models.ForeignKey(Conversation, on_delete=models.CASCADE, related_name="rounds", db_index=False)
     # Identity of the turn inside its conversation: "<trace_id>:<root span id>" for OTLP, or the
     # round id a REST client sends.
     key = models.CharField(max_length=255)

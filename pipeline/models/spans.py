@@ -37,8 +37,9 @@ class Span(models.Model):
     events = models.JSONField(default=list, blank=True)
     links = models.JSONField(default=list, blank=True)
     resource = models.JSONField(default=dict, blank=True)
+    # Found by (conversation, start_time): an index of its own would only repeat its prefix.
     conversation = models.ForeignKey(
-        Conversation, on_delete=models.CASCADE, null=True, blank=True, related_name="spans"
+        Conversation, on_delete=models.CASCADE, null=True, blank=True, related_name="spans", db_index=False
     )
     source = models.CharField(max_length=16, default="otlp")  # otlp, rest, pipeline, grpc
     received_at = models.DateTimeField(auto_now_add=True)
