@@ -228,7 +228,7 @@ class StoreChunk(JoinableWork):
     """One transaction's worth of a request. On the writer thread, chunks of other requests queued
     behind it join its transaction (group commit) when together they hold at most
     CTXLENS_INGEST_CHUNK_SPANS spans, share no span and carry no logs; each request still gets
-    the result it would have had alone, and all of them are stored or none."""
+    the counts it would have had alone, and all of them are stored or none."""
 
     def __init__(self, batch: PreparedBatch, source: str, logs: list[LogRecord] | None) -> None:
         self.batch, self.source, self.logs = batch, source, logs

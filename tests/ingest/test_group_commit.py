@@ -8,13 +8,13 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from django.db import IntegrityError, connection
+from django.db import IntegrityError, OperationalError, connection
 
 from pipeline.ingest.decode.sdk import span_record
 from pipeline.ingest.records import SpanRecord
 from pipeline.ingest.service import StoreChunk
-from pipeline.ingest.write.store import prepare_spans
-from pipeline.ingest.write.writer_threads import WriterPool
+from pipeline.ingest.write.store import prepare_spans, store_spans
+from pipeline.ingest.write.writer_threads import JoinableWork, WriterPool
 from pipeline.models import Conversation, Rollup, Round, Span
 from pipeline.signals import ingest_committed
 from tests.agent_traces import record_turns
@@ -42,7 +42,8 @@ def commits() -> Iterator[list[dict]]:
     seen: list[dict] = []
 
     def receiver(sender, changes, **kwargs):
-        seen.append(changes)
+        if sender is store_spans:  # not the token or finding counts written in the background
+            seen.append(changes)
 
     ingest_committed.connect(receiver, dispatch_uid="tests.group_commit")
     yield seen
@@ -64,7 +65,7 @@ def settled(transactional_db) -> Iterator[None]:
 @pytest.fixture
 def pool(settled) -> Iterator[WriterPool]:
     """A writer of the test's own, which joins requests as the server's does on SQLite."""
-    pool = WriterPool(1)
+    pool = WriterPool(1, group_commit=True)
     yield pool
     pool.shutdown()
 
@@ -134,10 +135,13 @@ def test_a_request_joining_a_group_counts_its_already_stored_spans_as_duplicates
     assert Span.objects.count() == len(first) + len(second) + len(other)
 
 
-def test_a_resent_request_does_not_join_its_original_and_finds_it_stored(pool, commits):
+def test_a_resent_request_does_not_join_its_original_and_finds_it_stored(pool, commits, caplog):
     request = by_trace("conv-group-resend", turns=1)[0]
 
-    original, resent = queued_behind_a_busy_writer(pool, [chunk(request), chunk(list(request))])
+    with caplog.at_level("INFO", logger="pipeline.ingest.service"):
+        original, resent = queued_behind_a_busy_writer(pool, [chunk(request), chunk(list(request))])
+
+    assert "group commit failed" not in caplog.text  # not joined, and so not stored one by one after a failure
 
     assert (original.accepted, original.duplicates) == (len(request), 0)
     assert (resent.accepted, resent.duplicates) == (0, len(request))
@@ -167,49 +171,90 @@ def test_requests_beyond_the_chunk_size_logs_or_another_source_start_a_new_group
     assert not chunk(c).fits([chunk(a), chunk(b)])
 
 
-REFUSE_ONE_SPAN = {
-    "sqlite": [
-        "CREATE TRIGGER refuse_span BEFORE INSERT ON pipeline_span WHEN NEW.span_id = '{span_id}' "
-        "BEGIN SELECT RAISE(ABORT, 'refused by the test'); END",
-    ],
-    "postgresql": [
+def trigger_on(span_id: str, sqlite_body: str, postgresql_raise: str) -> tuple[list[str], list[str]]:
+    """SQL that makes inserting the span `span_id` fail as the database would, and SQL that undoes it."""
+    if connection.vendor == "sqlite":
+        return ([f"CREATE TRIGGER refuse_span BEFORE INSERT ON pipeline_span WHEN NEW.span_id = '{span_id}' "
+                 f"BEGIN {sqlite_body}; END"], ["DROP TRIGGER refuse_span"])
+    return ([
         "CREATE FUNCTION refuse_span() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
-        "IF NEW.span_id = '{span_id}' THEN RAISE EXCEPTION 'refused by the test' USING ERRCODE = '23514'; END IF; "
-        "RETURN NEW; END $$",
+        f"IF NEW.span_id = '{span_id}' THEN {postgresql_raise}; END IF; RETURN NEW; END $$",
         "CREATE TRIGGER refuse_span BEFORE INSERT ON pipeline_span FOR EACH ROW EXECUTE FUNCTION refuse_span()",
-    ],
-}
-ALLOW_SPANS = {
-    "sqlite": ["DROP TRIGGER refuse_span"],
-    "postgresql": ["DROP TRIGGER refuse_span ON pipeline_span", "DROP FUNCTION refuse_span()"],
-}
+    ], ["DROP TRIGGER refuse_span ON pipeline_span", "DROP FUNCTION refuse_span()"])
 
 
-def test_a_request_that_fails_the_group_fails_alone_and_the_others_are_stored(pool, commits):
-    good, bad, also_good = by_trace("conv-group-fail", turns=3)
+def run_sql(statements: list[str]) -> None:
     with connection.cursor() as cursor:
-        for statement in REFUSE_ONE_SPAN[connection.vendor]:
-            cursor.execute(statement.format(span_id=bad[-1].span_id))
+        for statement in statements:
+            cursor.execute(statement)
+
+
+def test_a_request_that_fails_the_group_fails_alone_and_the_others_are_stored(pool, commits, caplog):
+    good, bad, also_good = by_trace("conv-group-fail", turns=3)
+    refuse, allow = trigger_on(bad[-1].span_id, "SELECT RAISE(ABORT, 'refused by the test')",
+                               "RAISE EXCEPTION 'refused by the test' USING ERRCODE = '23514'")
+    run_sql(refuse)
     try:
         busy, go = threading.Event(), threading.Event()
         pool.submit(lambda: (busy.set(), go.wait(10)))
         assert busy.wait(10)
         futures = [pool.submit(chunk(request)) for request in (good, bad, also_good)]
-        go.set()
-        assert futures[0].result(timeout=30).accepted == len(good)
-        with pytest.raises(IntegrityError, match="refused by the test"):
-            futures[1].result(timeout=30)
-        assert futures[2].result(timeout=30).accepted == len(also_good)
+        with caplog.at_level("INFO", logger="pipeline.ingest.service"):
+            go.set()
+            first = futures[0].result(timeout=30)
+            with pytest.raises(IntegrityError, match="refused by the test"):
+                futures[1].result(timeout=30)
+            third = futures[2].result(timeout=30)
     finally:
-        with connection.cursor() as cursor:
-            for statement in ALLOW_SPANS[connection.vendor]:
-                cursor.execute(statement)
+        run_sql(allow)
+    assert caplog.text.count("group commit failed") == 1
+    assert [(first.accepted, first.duplicates), (third.accepted, third.duplicates)] == [
+        (len(good), 0), (len(also_good), 0)]  # the failed group left their results as they were
     assert [c["span_count"] for c in commits] == [len(good), len(also_good)]
     assert set(Span.objects.values_list("trace_id", flat=True)) == {good[0].trace_id, also_good[0].trace_id}
 
 
+def test_a_group_the_database_refuses_to_store_fails_every_request_at_once(pool, commits, caplog):
+    one, other = by_trace("conv-group-unavailable", turns=2)
+    refuse, allow = trigger_on(other[-1].span_id, "INSERT INTO no_such_table VALUES (1)",
+                               "RAISE EXCEPTION 'unavailable in the test' USING ERRCODE = '57014'")
+    run_sql(refuse)
+    try:
+        with caplog.at_level("INFO", logger="pipeline.ingest.service"):
+            busy, go = threading.Event(), threading.Event()
+            pool.submit(lambda: (busy.set(), go.wait(10)))
+            assert busy.wait(10)
+            futures = [pool.submit(chunk(request)) for request in (one, other)]
+            go.set()
+            errors = [future.exception(timeout=30) for future in futures]
+    finally:
+        run_sql(allow)
+    assert all(isinstance(error, OperationalError) for error in errors), errors
+    assert "group commit failed" not in caplog.text  # a database problem is not retried request by request
+    assert commits == [] and Span.objects.count() == 0
+
+
+class Unjoinable(JoinableWork):
+    """A unit whose `fits` fails."""
+
+    def __call__(self) -> str:
+        return "ran alone"
+
+    def fits(self, group: list) -> bool:
+        raise ValueError("fits failed")
+
+    @classmethod
+    def run_together(cls, group: list) -> list:
+        raise AssertionError("never joined")
+
+
+def test_a_unit_that_cannot_tell_whether_it_joins_runs_alone_and_the_writer_goes_on(pool):
+    assert queued_behind_a_busy_writer(pool, [Unjoinable(), Unjoinable(), Span.objects.count]) == [
+        "ran alone", "ran alone", 0]
+
+
 def test_a_writer_stopped_while_a_group_forms_stores_the_group_and_stops(settled):
-    pool = WriterPool(1)
+    pool = WriterPool(1, group_commit=True)
     request = by_trace("conv-group-stop", turns=1)[0]
     busy, go = threading.Event(), threading.Event()
     pool.submit(lambda: (busy.set(), go.wait(10)))
@@ -219,5 +264,5 @@ def test_a_writer_stopped_while_a_group_forms_stores_the_group_and_stops(settled
     go.set()
     assert stored.result(timeout=30).accepted == len(request)
     thread = pool._threads[0]
-    thread.join(timeout=10)
+    thread.join(timeout=30)
     assert not thread.is_alive()

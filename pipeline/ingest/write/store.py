@@ -136,11 +136,12 @@ def store_prepared(batch: PreparedBatch, *, source: str = "otlp", logs: Sequence
 
 def store_prepared_together(batches: Sequence[PreparedBatch], *, source: str = "otlp") -> list[IngestResult]:
     """Several requests' batches in one transaction (the writer's group commit): all are stored or
-    none, and each gets the result it would have had alone. No span may be in two of them (a
-    re-send racing its original is stored on its own, after it), and none carries logs."""
+    none, and each gets the counts it would have had alone (`changes` are the transaction's). No
+    span may be in two of them (a re-send racing its original is stored on its own, after it),
+    and none carries logs. Tried once: a failure is for the caller to retry request by request."""
     spans = [s for batch in batches for s in batch.spans]
     counts = {key: count for batch in batches for key, count in batch.counts.items()}
-    changes, fresh = _in_transaction(spans, source, [], counts)
+    changes, fresh = _in_transaction(spans, source, [], counts, attempts=1)
     for batch in batches:
         _account(batch, fresh, changes)
     return [batch.result for batch in batches]
@@ -151,19 +152,20 @@ def span_keys(batch: PreparedBatch) -> set[tuple[str, str]]:
 
 
 def _in_transaction(
-    spans: list[NormalisedSpan], source: str, logs: list[LogRecord], counts: dict[tuple[str, str], Precount]
+    spans: list[NormalisedSpan], source: str, logs: list[LogRecord], counts: dict[tuple[str, str], Precount],
+    attempts: int = ATTEMPTS,
 ) -> tuple[IngestChanges, set[tuple[str, str]]]:
-    for attempt in range(ATTEMPTS):
+    for attempt in range(attempts):
         try:
             with transaction.atomic(), rollups.batched():  # the rollups' changes, written once at the end
                 changes, fresh, pending = _store(spans, source, logs, counts)
                 transaction.on_commit(lambda: _committed(changes, pending))
             return changes, fresh
         except IntegrityError:  # a concurrent writer stored one of these spans first: look again
-            if attempt == ATTEMPTS - 1:
+            if attempt == attempts - 1:
                 raise
         except OperationalError as error:
-            if attempt == ATTEMPTS - 1 or not sql.is_deadlock(error):
+            if attempt == attempts - 1 or not sql.is_deadlock(error):
                 raise
             time.sleep(random.uniform(0.01, 0.05) * (attempt + 1))
     raise AssertionError("unreachable: the last attempt returns or raises")

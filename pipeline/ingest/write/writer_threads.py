@@ -77,7 +77,7 @@ class WriterPool(Executor):
     """A fixed set of writer threads that give their database connections back when idle."""
 
     def __init__(self, threads: int, *, idle_seconds: float = IDLE_SECONDS, checkpoints: bool = False,
-                 group_commit: bool = True) -> None:
+                 group_commit: bool = False) -> None:
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._idle_seconds = idle_seconds
         self._group_commit = group_commit
@@ -142,20 +142,26 @@ class WriterPool(Executor):
 
     def _take_joining(self, future: Future, first: JoinableWork) -> tuple[list[tuple[Future, Any]], Any]:
         """`first` and the units queued right behind it that join it; the item that stopped the
-        taking (it runs next), or _NOTHING."""
+        taking (it runs next), or _NOTHING. A `fits` that fails ends the taking, not the thread."""
         group = [(future, first)]
         while len(group) < MAX_JOINED:
             try:
                 item = self._queue.get_nowait()
             except queue.Empty:
                 break
-            if item is _STOP or type(item[1]) is not type(first) or item[2] or item[3] \
-                    or not item[1].fits([unit for _, unit in group]):
+            try:
+                joins = item is not _STOP and type(item[1]) is type(first) and not item[2] and not item[3] \
+                    and item[1].fits([unit for _, unit in group])
+            except Exception:
+                logger.exception("could not tell whether a unit of work joins a group; it runs on its own")
+                joins = False
+            if not joins:
                 return group, item
             group.append((item[0], item[1]))
         return group, _NOTHING
 
     def _run_group(self, group: list[tuple[Future, Any]]) -> None:
+        """Each unit's future gets its own outcome, whatever goes wrong."""
         running = [(future, unit) for future, unit in group if future.set_running_or_notify_cancel()]
         if not running:
             return
@@ -164,11 +170,13 @@ class WriterPool(Executor):
                 outcomes = [outcome_of(running[0][1])]
             else:
                 outcomes = type(running[0][1]).run_together([unit for _, unit in running])
+            if len(outcomes) != len(running):
+                raise RuntimeError(f"{len(outcomes)} outcomes for {len(running)} units of work")
         except BaseException as exc:
             outcomes = [exc] * len(running)
         finally:
             _release_connection()
-        for (future, _), outcome in zip(running, outcomes, strict=True):
+        for (future, _), outcome in zip(running, outcomes):
             if isinstance(outcome, BaseException):
                 future.set_exception(outcome)
             else:
