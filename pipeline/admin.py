@@ -7,6 +7,7 @@ import logging
 from django.contrib import admin, messages
 from django.db import transaction
 from django.db.models import Model, QuerySet
+from django.db.models.deletion import Collector
 from django.http import FileResponse, Http404, HttpRequest
 from django.urls import path, reverse
 from django.utils import timezone
@@ -14,7 +15,7 @@ from django.utils.html import format_html
 
 from pipeline.artifacts.cleanup import cleanup_artifacts, delete_expired_artifacts
 from pipeline.artifacts.store import ArtifactError, open_artifact
-from pipeline.ingest.write import sql
+from pipeline.ingest.write import sql, tool_context
 from pipeline.ingest.write.counters import recompute_counters
 from pipeline.insight import finding_counts
 from pipeline.rollups import track as rollups
@@ -64,12 +65,25 @@ class RollupsFollowDeletes:
                 locked |= wanted
             round_ids = {getattr(row, "round_id", None) for row in rows} - {None}
             with rollups.batched():
-                rollups.collect_deletion(rows).delete()
+                collector = rollups.collect_deletion(rows)
+                carriers = _llm_call_spans(collector)
+                collector.delete()
+                tool_context.forget_carriers(carriers)  # the results they carried cost that much less
             recompute_counters(set(Round.objects.filter(pk__in=round_ids).values_list("pk", flat=True)), locked)
             finding_counts.mark_stale(locked)
             changes = empty_changes()
             changes.update(conversation_ids=sorted(locked), rows_removed=True)
             transaction.on_commit(lambda: _announce(type(self), changes))
+
+
+def _llm_call_spans(collector: Collector) -> set[tuple[str, str]]:
+    """(trace_id, span_id) of the LLM calls a delete removes, cascade included (never fast-deleted:
+    their tool calls are set to null, so the collector holds them)."""
+    ids = sorted(call.pk for call in collector.data.get(LLMCall, ()))
+    spans: set[tuple[str, str]] = set()
+    for chunk in sql.chunked(ids):
+        spans.update(LLMCall.objects.filter(pk__in=chunk).values_list("trace_id", "span_id"))
+    return spans
 
 
 def _announce(sender: type, changes: IngestChanges) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from decimal import Decimal
 
 import pytest
+from django.urls import reverse
 
 from pipeline.ingest.normalise.digest import message_tokens
 from pipeline.ingest.write import deferred
@@ -173,6 +174,35 @@ def test_a_result_carried_into_the_next_turn_counts_there_too(api):
     calls = carrying_calls()
     assert [c.round.key for c in calls] == ["r1", "r2"]
     assert figures(ToolCall.objects.get()) == expected(calls)
+
+
+def test_a_carrier_deleted_in_the_admin_no_longer_counts_in_the_tool_calls_context_cost(api, reader):
+    post(api, asking(), tool(), *carriers(3))
+    calls = carrying_calls()
+    tool_call = ToolCall.objects.get()
+    assert figures(tool_call)[1] == 3
+
+    response = reader.post(reverse("admin:pipeline_llmcall_delete", args=[calls[1].pk]), {"post": "yes"})
+
+    assert response.status_code == 302
+    assert figures(tool_call) == expected([calls[0], calls[2]])
+    assert sorted(ToolResultCarry.objects.values_list("span_id", flat=True)) == sorted(
+        [calls[0].span_id, calls[2].span_id])
+
+
+def test_a_round_deleted_in_the_admin_takes_the_carries_of_its_calls_with_it(api, reader):
+    post(api, asking(), tool(), *carriers(1))
+    history = [*carriers(1)[0]["input_messages"], {"role": "assistant", "content": "Done."},
+               {"role": "user", "content": "And tool output levels?"}]
+    post(api, llm("llm-r2", 10, history, tokens=1400, round_id="r2"))
+    first, later = carrying_calls()
+    assert later.round.key == "r2" and figures(ToolCall.objects.get())[1] == 2
+
+    response = reader.post(reverse("admin:pipeline_round_delete", args=[later.round_id]), {"post": "yes"})
+
+    assert response.status_code == 302
+    assert figures(ToolCall.objects.get()) == expected([first])
+    assert list(ToolResultCarry.objects.values_list("span_id", flat=True)) == [first.span_id]
 
 
 def test_calls_counted_after_the_response_are_priced_on_their_counted_tokens(api):

@@ -319,6 +319,18 @@ def update_for_rounds(round_ids: Iterable[int]) -> None:
         update_tool_context(calls, tool_keys(tools))
 
 
+def forget_carriers(spans: Iterable[tuple[str, str]]) -> None:
+    """LLM calls deleted (in the admin), by (trace_id, span_id): their ledger rows go, and the tool
+    calls whose results they carried are summed again from what the ledger still holds."""
+    stored = _stored_carries(sorted(set(spans)))
+    gone = [pk for carries in stored.values() for pk, _ in carries.values()]
+    for chunk in sql.chunked(gone, 500):
+        ToolResultCarry.objects.filter(pk__in=chunk).delete()
+    keys = {carry.key for carries in stored.values() for _, carry in carries.values()}
+    if keys:
+        update_tool_context((), forced=keys)
+
+
 def results_in(conversation_id: int) -> set[str]:
     """The tool_call_ids a conversation's tool calls and ledger rows name (before it is merged away)."""
     rows = sql.fetch(
