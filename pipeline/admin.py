@@ -66,9 +66,11 @@ class RollupsFollowDeletes:
             round_ids = {getattr(row, "round_id", None) for row in rows} - {None}
             with rollups.batched():
                 collector = rollups.collect_deletion(rows)
-                carriers = _llm_call_spans(collector)
+                carriers, results = _llm_call_spans(collector), _tool_keys(collector)
                 collector.delete()
-                tool_context.forget_carriers(carriers)  # the results they carried cost that much less
+                # what the deleted calls carried costs that much less; a tool call left sharing an
+                # id with a deleted one now owns the carries that one had
+                tool_context.forget_carriers(carriers, results)
             recompute_counters(set(Round.objects.filter(pk__in=round_ids).values_list("pk", flat=True)), locked)
             finding_counts.mark_stale(locked)
             changes = empty_changes()
@@ -84,6 +86,16 @@ def _llm_call_spans(collector: Collector) -> set[tuple[str, str]]:
     for chunk in sql.chunked(ids):
         spans.update(LLMCall.objects.filter(pk__in=chunk).values_list("trace_id", "span_id"))
     return spans
+
+
+def _tool_keys(collector: Collector) -> set[tuple[int, str]]:
+    """(conversation_id, tool_call_id) of the tool calls a delete removes (fast-deleted in a
+    round's cascade: they have no dependants)."""
+    ids = sorted(tool.pk for tool in collector.data.get(ToolCall, ()))
+    querysets = [*(q for q in collector.fast_deletes if q.model is ToolCall),
+                 *(ToolCall.objects.filter(pk__in=chunk) for chunk in sql.chunked(ids))]
+    return {key for queryset in querysets
+            for key in queryset.exclude(tool_call_id="").values_list("conversation_id", "tool_call_id")}
 
 
 def _announce(sender: type, changes: IngestChanges) -> None:

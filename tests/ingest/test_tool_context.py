@@ -249,6 +249,27 @@ def test_two_tool_calls_sharing_an_id_each_get_the_calls_after_them(api):
     assert figures(newer) == expected(calls[1:])
 
 
+@pytest.mark.parametrize("deleted", ["tool_call", "round"])
+def test_a_tool_call_left_sharing_an_id_with_a_deleted_one_owns_its_carries(api, reader, deleted):
+    first_turn = carriers(1)
+    post(api, asking(), tool(2), *first_turn)
+    again = [QUESTION, {"role": "user", "content": "Search again."}, ASKS, ANSWER]
+    post(api, llm("llm-r2-0", 20, [QUESTION], tokens=40, round_id="r2", output=[ASKS]),
+         tool(21, round_id="r2"), llm("llm-r2-1", 22, again, tokens=700, round_id="r2"))
+    older, newer = ToolCall.objects.order_by("started_at")
+    calls = carrying_calls()
+    assert figures(older) == expected(calls[:1])
+    target = (reverse("admin:pipeline_toolcall_delete", args=[newer.pk]) if deleted == "tool_call"
+              else reverse("admin:pipeline_round_delete", args=[newer.round_id]))
+    kept = calls if deleted == "tool_call" else calls[:1]  # the round takes its carrying call along
+
+    response = reader.post(target, {"post": "yes"})
+
+    assert response.status_code == 302
+    assert list(ToolCall.objects.all()) == [older]
+    assert figures(older) == expected(kept)
+
+
 @pytest.mark.django_db(transaction=True)
 def test_the_migration_fills_the_rows_stored_before_it_as_ingest_does(api):
     from django.db import connection

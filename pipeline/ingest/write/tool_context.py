@@ -319,14 +319,15 @@ def update_for_rounds(round_ids: Iterable[int]) -> None:
         update_tool_context(calls, tool_keys(tools))
 
 
-def forget_carriers(spans: Iterable[tuple[str, str]]) -> None:
-    """LLM calls deleted (in the admin), by (trace_id, span_id): their ledger rows go, and the tool
-    calls whose results they carried are summed again from what the ledger still holds."""
+def forget_carriers(spans: Iterable[tuple[str, str]], results: Iterable[Key] = ()) -> None:
+    """Rows deleted (in the admin): LLM calls by (trace_id, span_id), whose ledger rows go, and
+    tool calls by key. The tool calls of every key involved are summed again from what the ledger
+    still holds (a tool call sharing its id with a deleted one now owns the carries it had)."""
     stored = _stored_carries(sorted(set(spans)))
     gone = [pk for carries in stored.values() for pk, _ in carries.values()]
     for chunk in sql.chunked(gone, 500):
         ToolResultCarry.objects.filter(pk__in=chunk).delete()
-    keys = {carry.key for carries in stored.values() for _, carry in carries.values()}
+    keys = {carry.key for carries in stored.values() for _, carry in carries.values()} | set(results)
     if keys:
         update_tool_context((), forced=keys)
 
