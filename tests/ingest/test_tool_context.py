@@ -234,16 +234,21 @@ def test_a_model_without_a_price_leaves_the_cost_null_and_a_priced_one_fills_it(
     assert cost == cost_of_input("gpt-4o", "openai", share(calls[-1]), calls[-1].started_at)
 
 
-def test_two_tool_calls_sharing_an_id_each_get_the_calls_after_them(api):
-    """Some frameworks number calls per turn ("call_0" again): a carry counts for the latest tool
-    call with that id that started before the carrying call."""
-    first_turn = carriers(1)
-    post(api, asking(), tool(2), *first_turn)
+def two_turns_asking_the_same_tool_call_id(api) -> tuple[ToolCall, ToolCall]:
+    """Some frameworks number calls per turn ("call_0" again): two tool calls share an id, each
+    carried by one later call of its turn."""
+    post(api, asking(), tool(2), *carriers(1))
     again = [QUESTION, {"role": "user", "content": "Search again."}, ASKS, ANSWER]
     post(api, llm("llm-r2-0", 20, [QUESTION], tokens=40, round_id="r2", output=[ASKS]),
          tool(21, round_id="r2"), llm("llm-r2-1", 22, again, tokens=700, round_id="r2"))
-
     older, newer = ToolCall.objects.order_by("started_at")
+    return older, newer
+
+
+def test_two_tool_calls_sharing_an_id_each_get_the_calls_after_them(api):
+    """A carry counts for the latest tool call with that id that started before the carrying call."""
+    older, newer = two_turns_asking_the_same_tool_call_id(api)
+
     calls = carrying_calls()
     assert figures(older) == expected(calls[:1])
     assert figures(newer) == expected(calls[1:])
@@ -251,12 +256,7 @@ def test_two_tool_calls_sharing_an_id_each_get_the_calls_after_them(api):
 
 @pytest.mark.parametrize("deleted", ["tool_call", "round"])
 def test_a_tool_call_left_sharing_an_id_with_a_deleted_one_owns_its_carries(api, reader, deleted):
-    first_turn = carriers(1)
-    post(api, asking(), tool(2), *first_turn)
-    again = [QUESTION, {"role": "user", "content": "Search again."}, ASKS, ANSWER]
-    post(api, llm("llm-r2-0", 20, [QUESTION], tokens=40, round_id="r2", output=[ASKS]),
-         tool(21, round_id="r2"), llm("llm-r2-1", 22, again, tokens=700, round_id="r2"))
-    older, newer = ToolCall.objects.order_by("started_at")
+    older, newer = two_turns_asking_the_same_tool_call_id(api)
     calls = carrying_calls()
     assert figures(older) == expected(calls[:1])
     target = (reverse("admin:pipeline_toolcall_delete", args=[newer.pk]) if deleted == "tool_call"
