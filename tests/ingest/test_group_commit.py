@@ -4,7 +4,6 @@ gets the result it would have had alone."""
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Iterator
 
 import pytest
@@ -15,6 +14,7 @@ from pipeline.ingest.records import SpanRecord
 from pipeline.ingest.service import StoreChunk
 from pipeline.ingest.write.store import prepare_spans, store_spans
 from pipeline.ingest.write.writer_threads import JoinableWork, WriterPool
+from pipeline.insight import finding_counts
 from pipeline.models import Conversation, Rollup, Round, Span
 from pipeline.signals import ingest_committed
 from tests.agent_traces import record_turns
@@ -52,14 +52,12 @@ def commits() -> Iterator[list[dict]]:
 
 @pytest.fixture
 def settled(transactional_db) -> Iterator[None]:
-    """Afterwards, the work the commits set off in the background (token counts, finding counts) is
-    waited for: emptying the tables while it writes deadlocks on PostgreSQL."""
+    """Afterwards, the token counts the commits left to the background are waited for and the finding
+    counts refreshed here, so no background refresh has anything left to write: emptying the
+    tables while one writes deadlocks on PostgreSQL."""
     yield
     wait_for_deferred_tokens()
-    deadline = time.monotonic() + 30
-    while Conversation.objects.filter(findings_stale__gt=0).exists():
-        assert time.monotonic() < deadline, "finding counts still stale after 30 s"
-        time.sleep(0.05)
+    finding_counts.refresh_stale()
 
 
 @pytest.fixture
