@@ -238,9 +238,8 @@ class StoreChunk(JoinableWork):
         return store_prepared(self.batch, source=self.source, logs=self.logs)
 
     def fits(self, group: list[StoreChunk]) -> bool:
-        if self.logs or not self.keys:
-            return False
-        if any(unit.logs or not unit.keys or unit.source != self.source for unit in group):
+        first = group[0]  # the others joined it, so they are like it: spans, no logs, its source
+        if self.logs or not self.keys or first.logs or not first.keys or first.source != self.source:
             return False
         if len(self.keys) + sum(len(unit.keys) for unit in group) > ctxlens_config().ingest_chunk_spans:
             return False
