@@ -21,6 +21,7 @@ from pipeline.models import (
     Span,
     SpanLog,
     ToolCall,
+    ToolResultCarry,
 )
 from pipeline.signals import ingest_committed
 
@@ -405,3 +406,24 @@ def test_logs_of_a_call_that_arrive_in_later_batches_extend_its_messages_in_time
     assert LLMCall.objects.get(span_id=CHAT2).input_messages == [
         {"role": "user", "parts": [{"type": "text", "content": "Own words"}]}]
     assert Round.objects.get().final_answer == "Sunny."
+
+
+def test_an_unfinished_llm_span_finished_as_another_kind_takes_its_carries_along():
+    spans = agent_trace()
+    chat = spans[-1]
+    running = SpanRecord(chat.trace_id, chat.span_id, chat.name, chat.start_time_unix_nano, 0,
+                         parent_span_id=chat.parent_span_id, attributes=dict(chat.attributes), resource=chat.resource)
+    store_spans([*spans[:-1], running])
+    deferred.complete_pending()
+    fetched = ToolCall.objects.get(tool_call_id="call_b")
+    assert ToolResultCarry.objects.filter(span_id=CHAT2).exists()  # the running call carries fetch's result
+    assert fetched.context_carries == 1 and fetched.context_tokens > 0
+
+    finished = SpanRecord(chat.trace_id, chat.span_id, "summarise", chat.start_time_unix_nano, chat.end_time_unix_nano,
+                          parent_span_id=chat.parent_span_id, attributes={"step": "summarise"}, resource=chat.resource)
+    assert store_spans([finished]).accepted == 1
+    deferred.complete_pending()
+    assert not LLMCall.objects.filter(span_id=CHAT2).exists()
+    assert not ToolResultCarry.objects.filter(span_id=CHAT2).exists()
+    fetched.refresh_from_db()
+    assert (fetched.context_tokens, fetched.context_carries, fetched.context_cost_usd) == (0, 0, None)

@@ -206,9 +206,11 @@ def _store(
         if (k := (s.record.trace_id, s.record.span_id)) not in stored
         or (k in finishing and s.record.end_time_unix_nano > 0)
     ]
-    replaced = [(s.record.trace_id, s.record.span_id) for s in fresh if (s.record.trace_id, s.record.span_id) in stored]
+    replaced = [s for s in fresh if (s.record.trace_id, s.record.span_id) in stored]
     if replaced:
-        delete_span_rows(replaced)
+        delete_span_rows([(s.record.trace_id, s.record.span_id) for s in replaced])
+        # an LLM call finished as another kind of span carries no tool result any more
+        tool_context.forget_carriers([(s.record.trace_id, s.record.span_id) for s in replaced if s.llm is None])
 
     round_ids: set[int] = set()
     conversation_ids: set[int] = set()

@@ -320,8 +320,8 @@ def update_for_rounds(round_ids: Iterable[int]) -> None:
 
 
 def forget_carriers(spans: Iterable[tuple[str, str]], results: Iterable[Key] = ()) -> None:
-    """Rows deleted (in the admin): LLM calls by (trace_id, span_id), whose ledger rows go, and
-    tool calls by key. The tool calls of every key involved are summed again from what the ledger
+    """Rows deleted (in the admin, or an open LLM span finished as another kind of span): LLM calls
+    by (trace_id, span_id), whose ledger rows go, and tool calls by key. The tool calls of every key involved are summed again from what the ledger
     still holds (a tool call sharing its id with a deleted one now owns the carries it had)."""
     stored = _stored_carries(sorted(set(spans)))
     gone = [pk for carries in stored.values() for pk, _ in carries.values()]
