@@ -42,9 +42,10 @@ PREVIEW_BYTES = 4096
 
 
 class RollupsFollowDeletes:
-    """Rounds and calls deleted here leave the rollups (with what cascades from them), and the
-    counters of their rounds and conversations follow, in the delete's transaction; after it,
-    finding counts refresh and open pages reload, as after an ingest.
+    """Rounds, calls, compressions and skill activations deleted here leave the rollups (with what
+    cascades from them), and the counters of their rounds and conversations follow, in the
+    delete's transaction; after it, finding counts refresh and open pages reload, as after an
+    ingest.
 
     Locks are taken in ingest's order: the conversations (until the rows to delete are all in
     conversations already locked: an ingest may fold a placeholder conversation into another
@@ -263,7 +264,7 @@ class CompressionEventAdmin(RollupsFollowDeletes, admin.ModelAdmin):
 
 
 @admin.register(SkillActivation)
-class SkillActivationAdmin(admin.ModelAdmin):
+class SkillActivationAdmin(RollupsFollowDeletes, admin.ModelAdmin):
     list_display = ("skill_name", "conversation", "load_level", "depth", "tokens", "status", "activated_at")
     list_filter = ("skill_name", "load_level", "status")
     raw_id_fields = ("conversation", "round")

@@ -12,7 +12,7 @@ from django.core.management.base import SystemCheckError
 from django.urls import reverse
 
 from pipeline.ingest.write.counters import recompute_counters
-from pipeline.models import CompressionEvent, LLMCall, Rollup, Round, ToolCall
+from pipeline.models import CompressionEvent, LLMCall, Rollup, Round, SkillActivation, ToolCall
 from pipeline.rollups.compact import rebuild_rollups
 from pipeline.rollups.track import collect_deletion
 from pipeline.signals import ingest_committed
@@ -221,6 +221,30 @@ def test_tool_calls_and_compressions_deleted_in_the_admin_leave_the_rollups(clie
     assert rollup_rows() == incremental
     conversation.refresh_from_db()
     assert (conversation.tool_call_count, conversation.compression_count, conversation.llm_call_count) == (0, 0, 2)
+
+
+@pytest.mark.parametrize("how", ["delete page", "delete_selected action"])
+def test_skill_activations_deleted_in_the_admin_leave_the_conversations_skill_counts(client, alice, how):
+    conversation = make_conversation()
+    pdf, docs, docs_again = (SkillActivation.objects.create(
+        conversation=conversation, trace_id=f"{n:032x}", span_id=f"{n:016x}", skill_name=name, activated_at=NOW)
+        for n, name in enumerate(("pdf", "docs", "docs"), start=1))
+    recompute_counters(set(), {conversation.pk})  # what ingest keeps
+    conversation.refresh_from_db()
+    assert (conversation.skill_activation_count, conversation.unique_skill_count) == (3, 2)
+    client.force_login(alice)
+
+    if how == "delete page":
+        response = client.post(reverse("admin:pipeline_skillactivation_delete", args=[pdf.pk]), {"post": "yes"})
+    else:
+        response = client.post(reverse("admin:pipeline_skillactivation_changelist"), {
+            "action": "delete_selected", "_selected_action": [pdf.pk], "post": "yes"})
+
+    assert response.status_code == 302
+    assert sorted(SkillActivation.objects.values_list("pk", flat=True)) == [docs.pk, docs_again.pk]
+    conversation.refresh_from_db()
+    assert (conversation.skill_activation_count, conversation.unique_skill_count) == (2, 1)
+    assert conversation.findings_stale
 
 
 def test_the_deletion_collector_refuses_conversations():
