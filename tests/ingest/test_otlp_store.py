@@ -408,22 +408,69 @@ def test_logs_of_a_call_that_arrive_in_later_batches_extend_its_messages_in_time
     assert Round.objects.get().final_answer == "Sunny."
 
 
+def opened(span: SpanRecord) -> SpanRecord:
+    """`span` as an instrumentation exports it while it is still running."""
+    return SpanRecord(span.trace_id, span.span_id, span.name, span.start_time_unix_nano, 0,
+                      parent_span_id=span.parent_span_id, attributes=dict(span.attributes), resource=span.resource)
+
+
+def finished_as_a_plain_span(span: SpanRecord) -> SpanRecord:
+    return SpanRecord(span.trace_id, span.span_id, "step", span.start_time_unix_nano, span.end_time_unix_nano,
+                      parent_span_id=span.parent_span_id, attributes={"step": "done"}, resource=span.resource)
+
+
+def chat_answering(call_id: str, span_id: str, start_ms: int) -> SpanRecord:
+    return SpanRecord(TRACE, span_id, "chat gpt-4o", T0 + start_ms * MS, T0 + (start_ms + 5) * MS, parent_span_id=ROOT,
+                      resource={"service.name": "store-test"}, attributes={
+                          "gen_ai.operation.name": "chat", "gen_ai.request.model": "gpt-4o",
+                          "gen_ai.usage.input_tokens": 500, "gen_ai.usage.output_tokens": 5,
+                          "gen_ai.input.messages": _messages({"role": "tool", "parts": [
+                              {"type": "tool_call_response", "id": call_id, "response": "page text " * 20}]}),
+                          "gen_ai.output.messages": _messages({"role": "assistant", "parts": [
+                              {"type": "text", "content": "ok"}]}),
+                      })
+
+
+def context_cost(tool: ToolCall) -> tuple:
+    tool.refresh_from_db()
+    return tool.context_tokens, tool.context_carries, tool.context_cost_usd
+
+
+def carried_by(span_id: str) -> tuple:
+    carry = ToolResultCarry.objects.get(span_id=span_id)
+    return carry.tokens, 1, carry.cost_usd
+
+
 def test_an_unfinished_llm_span_finished_as_another_kind_takes_its_carries_along():
-    spans = agent_trace()
-    chat = spans[-1]
-    running = SpanRecord(chat.trace_id, chat.span_id, chat.name, chat.start_time_unix_nano, 0,
-                         parent_span_id=chat.parent_span_id, attributes=dict(chat.attributes), resource=chat.resource)
-    store_spans([*spans[:-1], running])
+    *spans, chat = agent_trace()
+    later = chat_answering("call_b", "00000000000000c3", 60)  # carries fetch's result too, and stays
+    store_spans([*spans, opened(chat), later])
     deferred.complete_pending()
     fetched = ToolCall.objects.get(tool_call_id="call_b")
-    assert ToolResultCarry.objects.filter(span_id=CHAT2).exists()  # the running call carries fetch's result
-    assert fetched.context_carries == 1 and fetched.context_tokens > 0
+    tokens, carries, cost = context_cost(fetched)
+    assert carries == 2 and tokens > carried_by(later.span_id)[0] and cost is not None
 
-    finished = SpanRecord(chat.trace_id, chat.span_id, "summarise", chat.start_time_unix_nano, chat.end_time_unix_nano,
-                          parent_span_id=chat.parent_span_id, attributes={"step": "summarise"}, resource=chat.resource)
-    assert store_spans([finished]).accepted == 1
+    assert store_spans([finished_as_a_plain_span(chat)]).accepted == 1
     deferred.complete_pending()
     assert not LLMCall.objects.filter(span_id=CHAT2).exists()
     assert not ToolResultCarry.objects.filter(span_id=CHAT2).exists()
-    fetched.refresh_from_db()
-    assert (fetched.context_tokens, fetched.context_carries, fetched.context_cost_usd) == (0, 0, None)
+    assert context_cost(fetched) == carried_by(later.span_id)  # the call that stays, and only it
+
+
+def test_an_unfinished_tool_span_finished_as_another_kind_hands_its_carries_to_the_call_sharing_its_id():
+    spans = agent_trace()
+    again = SpanRecord(TRACE, "00000000000000aa", "execute_tool search", T0 + 51 * MS, T0 + 55 * MS,
+                       parent_span_id=ROOT, resource={"service.name": "store-test"}, attributes={
+                           "gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "search",
+                           "gen_ai.tool.call.id": "call_a", "gen_ai.tool.call.result": "3 more hits"})
+    reader = chat_answering("call_a", "00000000000000c3", 60)
+    store_spans([*spans, opened(again), reader])
+    deferred.complete_pending()
+    first, second = ToolCall.objects.filter(tool_call_id="call_a").order_by("started_at")
+    assert context_cost(first) == (0, 0, None)  # the carry counts for the later call of the two
+    assert context_cost(second) == carried_by(reader.span_id)
+
+    assert store_spans([finished_as_a_plain_span(again)]).accepted == 1
+    deferred.complete_pending()
+    assert not ToolCall.objects.filter(pk=second.pk).exists()
+    assert context_cost(first) == carried_by(reader.span_id)

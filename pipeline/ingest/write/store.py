@@ -207,10 +207,11 @@ def _store(
         or (k in finishing and s.record.end_time_unix_nano > 0)
     ]
     replaced = [s for s in fresh if (s.record.trace_id, s.record.span_id) in stored]
+    resum: set[tool_context.Key] = set()  # tool results whose context cost the replaced rows counted in
     if replaced:
-        delete_span_rows([(s.record.trace_id, s.record.span_id) for s in replaced])
-        # an LLM call finished as another kind of span carries no tool result any more
-        tool_context.forget_carriers([(s.record.trace_id, s.record.span_id) for s in replaced if s.llm is None])
+        keys = [(s.record.trace_id, s.record.span_id) for s in replaced]
+        resum = tool_context.forget_replaced(keys, [key for key, s in zip(keys, replaced) if s.llm is None])
+        delete_span_rows(keys)
 
     round_ids: set[int] = set()
     conversation_ids: set[int] = set()
@@ -235,7 +236,9 @@ def _store(
             tool_context.update_for_rounds(folded)
             round_ids |= folded
             recount |= folded
-        tool_context.update_tool_context(rows["llm"], tool_context.tool_keys([*rows["tool"], *links.changed_tools.values()]))
+        tool_context.update_tool_context(
+            rows["llm"], tool_context.tool_keys([*rows["tool"], *links.changed_tools.values()]), forced=resum
+        )
         pending = mark_pending(rows["tool"]) or pending or any(
             row.tokens_pending for row in (*rows["llm"], *rows["tool"])
         ) or any(tool.tokens_pending for tool in links.changed_tools.values())

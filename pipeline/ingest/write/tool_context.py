@@ -320,16 +320,30 @@ def update_for_rounds(round_ids: Iterable[int]) -> None:
 
 
 def forget_carriers(spans: Iterable[tuple[str, str]], results: Iterable[Key] = ()) -> None:
-    """Rows deleted (in the admin, or an open LLM span finished as another kind of span): LLM calls
-    by (trace_id, span_id), whose ledger rows go, and tool calls by key. The tool calls of every key involved are summed again from what the ledger
+    """Rows deleted (in the admin): LLM calls by (trace_id, span_id), whose ledger rows go, and
+    tool calls by key. The tool calls of every key involved are summed again from what the ledger
     still holds (a tool call sharing its id with a deleted one now owns the carries it had)."""
+    keys = _drop_carries(spans) | set(results)
+    if keys:
+        update_tool_context((), forced=keys)
+
+
+def forget_replaced(spans: Sequence[tuple[str, str]], uncalled: Iterable[tuple[str, str]]) -> set[Key]:
+    """Open spans about to be replaced by their finished versions, before their rows go: the ledger
+    rows of those finished as something other than an LLM call (`uncalled`) go. Returns the keys
+    to sum again once the batch's rows are in (`update_tool_context(forced=…)`): those rows' keys,
+    and those of the spans' tool calls (another tool call sharing an id may now own its carries)."""
+    tools = sql.by_spans(ToolCall, ["conversation_id", "tool_call_id"], spans)
+    return _drop_carries(uncalled) | {(conversation_id, answer) for _, _, conversation_id, answer in tools if answer}
+
+
+def _drop_carries(spans: Iterable[tuple[str, str]]) -> set[Key]:
+    """Delete the ledger rows of the carrying calls `spans`; the keys they counted for."""
     stored = _stored_carries(sorted(set(spans)))
     gone = [pk for carries in stored.values() for pk, _ in carries.values()]
     for chunk in sql.chunked(gone, 500):
         ToolResultCarry.objects.filter(pk__in=chunk).delete()
-    keys = {carry.key for carries in stored.values() for _, carry in carries.values()} | set(results)
-    if keys:
-        update_tool_context((), forced=keys)
+    return {carry.key for carries in stored.values() for _, carry in carries.values()}
 
 
 def results_in(conversation_id: int) -> set[str]:
