@@ -207,7 +207,7 @@ def _store(
         or (k in finishing and s.record.end_time_unix_nano > 0)
     ]
     replaced = [s for s in fresh if (s.record.trace_id, s.record.span_id) in stored]
-    resum: set[tool_context.Key] = set()  # tool results whose context cost the replaced rows counted in
+    resum: set[tuple[str, str]] = set()  # (trace, tool_call_id) whose context cost the replaced rows counted in
     if replaced:
         keys = [(s.record.trace_id, s.record.span_id) for s in replaced]
         resum = tool_context.forget_replaced(keys, [key for key, s in zip(keys, replaced) if s.llm is None])
@@ -237,7 +237,8 @@ def _store(
             round_ids |= folded
             recount |= folded
         tool_context.update_tool_context(
-            rows["llm"], tool_context.tool_keys([*rows["tool"], *links.changed_tools.values()]), forced=resum
+            rows["llm"], tool_context.tool_keys([*rows["tool"], *links.changed_tools.values()]),
+            forced={(conversations[trace_id].id, answer) for trace_id, answer in resum},
         )
         pending = mark_pending(rows["tool"]) or pending or any(
             row.tokens_pending for row in (*rows["llm"], *rows["tool"])

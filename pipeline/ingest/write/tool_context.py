@@ -328,22 +328,30 @@ def forget_carriers(spans: Iterable[tuple[str, str]], results: Iterable[Key] = (
         update_tool_context((), forced=keys)
 
 
-def forget_replaced(spans: Sequence[tuple[str, str]], uncalled: Iterable[tuple[str, str]]) -> set[Key]:
+def forget_replaced(spans: Sequence[tuple[str, str]], uncalled: Iterable[tuple[str, str]]) -> set[tuple[str, str]]:
     """Open spans about to be replaced by their finished versions, before their rows go: the ledger
-    rows of those finished as something other than an LLM call (`uncalled`) go. Returns the keys
-    to sum again once the batch's rows are in (`update_tool_context(forced=…)`): those rows' keys,
-    and those of the spans' tool calls (another tool call sharing an id may now own its carries)."""
-    tools = sql.by_spans(ToolCall, ["conversation_id", "tool_call_id"], spans)
-    return _drop_carries(uncalled) | {(conversation_id, answer) for _, _, conversation_id, answer in tools if answer}
+    rows of those finished as something other than an LLM call (`uncalled`) go. Returns the tool
+    results to sum again once the batch's rows are in, as (trace_id, tool_call_id): those rows',
+    and those of the spans' tool calls (another tool call sharing an id may now own its carries).
+    By trace, not conversation: the batch may yet merge the trace's conversation into another."""
+    stored = _stored_carries(sorted(set(uncalled)))
+    _delete_carries(stored)
+    tools = sql.by_spans(ToolCall, ["tool_call_id"], spans)
+    return ({(trace_id, answer) for (trace_id, _), carries in stored.items() for answer in carries}
+            | {(trace_id, answer) for trace_id, _, answer in tools if answer})
 
 
 def _drop_carries(spans: Iterable[tuple[str, str]]) -> set[Key]:
     """Delete the ledger rows of the carrying calls `spans`; the keys they counted for."""
     stored = _stored_carries(sorted(set(spans)))
+    _delete_carries(stored)
+    return {carry.key for carries in stored.values() for _, carry in carries.values()}
+
+
+def _delete_carries(stored: dict[tuple[str, str], dict[str, tuple[int, Carry]]]) -> None:
     gone = [pk for carries in stored.values() for pk, _ in carries.values()]
     for chunk in sql.chunked(gone, 500):
         ToolResultCarry.objects.filter(pk__in=chunk).delete()
-    return {carry.key for carries in stored.values() for _, carry in carries.values()}
 
 
 def results_in(conversation_id: int) -> set[str]:
