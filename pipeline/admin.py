@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Iterable
 
 from django.contrib import admin, messages
 from django.db import transaction
@@ -41,30 +42,44 @@ logger = logging.getLogger(__name__)
 PREVIEW_BYTES = 4096
 
 
-class RollupsFollowDeletes:
-    """Rounds, calls, compressions and skill activations deleted here leave the rollups (with what
-    cascades from them), and the counters of their rounds and conversations follow, in the
-    delete's transaction; after it, finding counts refresh and open pages reload, as after an
-    ingest.
+class FiguresFollowAdminChanges:
+    """Rounds, calls, compressions and skill activations edited or deleted here keep the derived
+    figures right, in the change's transaction: the rollups follow (the ORM hooks for a save,
+    `collect_deletion` with what cascades for a delete), so do the tool context ledger and sums,
+    and the counters of the rounds and conversations concerned, before and after an edit; after
+    it, finding counts refresh and open pages reload, as after an ingest.
 
-    Locks are taken in ingest's order: the conversations (until the rows to delete are all in
+    Locks are taken in ingest's order: the conversations (until the rows changed are all in
     conversations already locked: an ingest may fold a placeholder conversation into another
-    meanwhile), then the rollup rows, in one pass at the end (`batched`)."""
+    meanwhile), then the rollup rows (for a delete in one pass at the end, `batched`)."""
+
+    def save_model(self, request: HttpRequest, obj: Model, form, change: bool) -> None:
+        if not change:
+            super().save_model(request, obj, form, change)
+            return
+        model = type(obj)
+        with transaction.atomic():
+            locked = _lock_conversations(lambda: {*model.objects.filter(pk=obj.pk).values_list(
+                "conversation_id", flat=True), obj.conversation_id})
+            before = model.objects.get(pk=obj.pk)
+            super().save_model(request, obj, form, change)
+            if model is LLMCall:  # what it carries follows its input, tokens, model and cost
+                tool_context.update_for_calls([obj.pk])
+            elif model is ToolCall:  # the carries of its id, old and new, may now be another tool call's
+                tool_context.update_tool_context((), forced=tool_context.tool_keys([before, obj]))
+            _recount(type(self), _round_ids([before, obj]), locked)
 
     def delete_model(self, request: HttpRequest, obj: Model) -> None:
         self.delete_queryset(request, type(obj).objects.filter(pk=obj.pk))
 
     def delete_queryset(self, request: HttpRequest, queryset: QuerySet) -> None:
         with transaction.atomic():
-            locked: set[int] = set()
-            while True:
-                rows = list(queryset.model.objects.filter(pk__in=queryset.values("pk")))
-                wanted = {row.conversation_id for row in rows}
-                if wanted <= locked:
-                    break
-                sql.lock_rows(Conversation, wanted - locked)
-                locked |= wanted
-            round_ids = {getattr(row, "round_id", None) for row in rows} - {None}
+            def rows_now() -> list[Model]:
+                return list(queryset.model.objects.filter(pk__in=queryset.values("pk")))
+
+            locked = _lock_conversations(lambda: {row.conversation_id for row in rows_now()})
+            rows = rows_now()
+            round_ids = _round_ids(rows)
             with rollups.batched():
                 collector = rollups.collect_deletion(rows)
                 carriers, results = _llm_call_spans(collector), _tool_keys(collector)
@@ -72,11 +87,31 @@ class RollupsFollowDeletes:
                 # what the deleted calls carried costs that much less; a tool call left sharing an
                 # id with a deleted one now owns the carries that one had
                 tool_context.forget_carriers(carriers, results)
-            recompute_counters(set(Round.objects.filter(pk__in=round_ids).values_list("pk", flat=True)), locked)
-            finding_counts.mark_stale(locked)
-            changes = empty_changes()
-            changes.update(conversation_ids=sorted(locked), rows_removed=True)
-            transaction.on_commit(lambda: _announce(type(self), changes))
+            _recount(type(self), set(Round.objects.filter(pk__in=round_ids).values_list("pk", flat=True)), locked)
+
+
+def _lock_conversations(conversation_ids: Callable[[], set[int]]) -> set[int]:
+    """Lock the conversations `conversation_ids()` names, again until it names no other (an ingest
+    may have moved the rows meanwhile); the ids locked."""
+    locked: set[int] = set()
+    while not (wanted := conversation_ids()) <= locked:
+        sql.lock_rows(Conversation, wanted - locked)
+        locked |= wanted
+    return locked
+
+
+def _round_ids(rows: Iterable[Model]) -> set[int]:
+    return {row.pk if isinstance(row, Round) else getattr(row, "round_id", None) for row in rows} - {None}
+
+
+def _recount(sender: type, round_ids: set[int], conversation_ids: set[int]) -> None:
+    """Counters aggregated again, findings to recount, and open pages told to reload once the
+    change commits (a figure may have gone down: pages that add what ingest sends cannot follow)."""
+    recompute_counters(round_ids, conversation_ids)
+    finding_counts.mark_stale(conversation_ids)
+    changes = empty_changes()
+    changes.update(conversation_ids=sorted(conversation_ids), rows_removed=True)
+    transaction.on_commit(lambda: _announce(sender, changes))
 
 
 def _llm_call_spans(collector: Collector) -> set[tuple[str, str]]:
@@ -228,7 +263,7 @@ class ConversationAdmin(admin.ModelAdmin):
 
 
 @admin.register(Round)
-class RoundAdmin(RollupsFollowDeletes, admin.ModelAdmin):
+class RoundAdmin(FiguresFollowAdminChanges, admin.ModelAdmin):
     list_display = ("conversation", "key", "status", "started_at", "duration_ms", "llm_call_count", "tool_call_count")
     list_filter = ("status",)
     search_fields = ("key", "trace_id", "user_message", "final_answer")
@@ -236,7 +271,7 @@ class RoundAdmin(RollupsFollowDeletes, admin.ModelAdmin):
 
 
 @admin.register(LLMCall)
-class LLMCallAdmin(RollupsFollowDeletes, admin.ModelAdmin):
+class LLMCallAdmin(FiguresFollowAdminChanges, admin.ModelAdmin):
     list_display = ("model", "conversation", "input_tokens", "output_tokens", "context_tokens", "status", "started_at")
     list_filter = ("status", "model", "provider")
     search_fields = ("trace_id", "span_id", "model")
@@ -247,7 +282,7 @@ class LLMCallAdmin(RollupsFollowDeletes, admin.ModelAdmin):
 
 
 @admin.register(ToolCall)
-class ToolCallAdmin(RollupsFollowDeletes, admin.ModelAdmin):
+class ToolCallAdmin(FiguresFollowAdminChanges, admin.ModelAdmin):
     list_display = ("tool_name", "tool_call_id", "conversation", "success", "error_type", "retry_count",
                     "duration_ms", "started_at")
     list_filter = ("success", "tool_name", "output_level", "error_type")
@@ -256,7 +291,7 @@ class ToolCallAdmin(RollupsFollowDeletes, admin.ModelAdmin):
 
 
 @admin.register(CompressionEvent)
-class CompressionEventAdmin(RollupsFollowDeletes, admin.ModelAdmin):
+class CompressionEventAdmin(FiguresFollowAdminChanges, admin.ModelAdmin):
     list_display = ("conversation", "strategy", "tokens_before", "tokens_after", "messages_before",
                     "messages_after", "occurred_at")
     list_filter = ("strategy",)
@@ -264,7 +299,7 @@ class CompressionEventAdmin(RollupsFollowDeletes, admin.ModelAdmin):
 
 
 @admin.register(SkillActivation)
-class SkillActivationAdmin(RollupsFollowDeletes, admin.ModelAdmin):
+class SkillActivationAdmin(FiguresFollowAdminChanges, admin.ModelAdmin):
     list_display = ("skill_name", "conversation", "load_level", "depth", "tokens", "status", "activated_at")
     list_filter = ("skill_name", "load_level", "status")
     raw_id_fields = ("conversation", "round")

@@ -19,7 +19,7 @@ class IngestChanges(TypedDict):
     input_tokens: int  # token deltas of the new LLM calls
     output_tokens: int
     span_count: int  # new spans stored
-    rows_removed: NotRequired[bool]  # rows were deleted (the admin): pages reload what they show
+    rows_removed: NotRequired[bool]  # rows were deleted or edited (the admin): pages reload what they show
 
 
 def empty_changes() -> IngestChanges:

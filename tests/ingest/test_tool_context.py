@@ -18,6 +18,7 @@ from pipeline.ingest.write import deferred
 from pipeline.insight.costs import cost_of_input
 from pipeline.models import LLMCall, ToolCall, ToolResultCarry
 from pipeline.models.apikeys import ApiKey, Scope
+from tests.admin_forms import edit_in_the_admin
 from tests.api_client import client_with
 
 pytestmark = pytest.mark.django_db
@@ -268,6 +269,28 @@ def test_a_tool_call_left_sharing_an_id_with_a_deleted_one_owns_its_carries(api,
     assert response.status_code == 302
     assert list(ToolCall.objects.all()) == [older]
     assert figures(older) == expected(kept)
+
+
+def test_a_carrier_whose_input_tokens_are_edited_in_the_admin_counts_its_new_share(api, reader):
+    post(api, asking(), tool(), *carriers(2))
+    edited = carrying_calls()[1]
+
+    edit_in_the_admin(reader, edited, input_tokens=3000)
+
+    calls = carrying_calls()
+    assert calls[1].input_tokens == 3000
+    assert figures(ToolCall.objects.get()) == expected(calls)
+
+
+def test_a_tool_call_given_another_id_in_the_admin_leaves_its_carries_to_the_one_still_sharing_it(api, reader):
+    older, newer = two_turns_asking_the_same_tool_call_id(api)
+    calls = carrying_calls()
+    assert figures(newer) == expected(calls[1:])
+
+    edit_in_the_admin(reader, newer, tool_call_id="call_other")
+
+    assert figures(older) == expected(calls)
+    assert figures(newer) == (0, 0, None)
 
 
 @pytest.mark.django_db(transaction=True)

@@ -16,6 +16,7 @@ from pipeline.models import CompressionEvent, LLMCall, Rollup, Round, SkillActiv
 from pipeline.rollups.compact import rebuild_rollups
 from pipeline.rollups.track import collect_deletion
 from pipeline.signals import ingest_committed
+from tests.admin_forms import edit_in_the_admin
 from tests.factories import make_conversation
 
 pytestmark = pytest.mark.django_db
@@ -245,6 +246,50 @@ def test_skill_activations_deleted_in_the_admin_leave_the_conversations_skill_co
     conversation.refresh_from_db()
     assert (conversation.skill_activation_count, conversation.unique_skill_count) == (2, 1)
     assert conversation.findings_stale
+
+
+def test_an_llm_call_edited_in_the_admin_gives_its_round_and_conversation_its_new_tokens(
+        client, alice, django_capture_on_commit_callbacks):
+    conversation = make_conversation()
+    a_turn(conversation, "r1", NOW, 10)
+    edited = LLMCall.objects.get(round=a_turn(conversation, "r2", NOW + timedelta(seconds=5), 20))
+    client.force_login(alice)
+    announced = []
+
+    def receiver(changes, **kwargs):
+        announced.append((changes["conversation_ids"], changes["rows_removed"]))
+
+    ingest_committed.connect(receiver)
+    try:
+        with django_capture_on_commit_callbacks(execute=True):
+            edit_in_the_admin(client, edited, input_tokens=5000)
+    finally:
+        ingest_committed.disconnect(receiver)
+
+    assert LLMCall.objects.get(pk=edited.pk).input_tokens == 5000
+    assert Round.objects.get(pk=edited.round_id).input_tokens == 5000
+    conversation.refresh_from_db()
+    assert (conversation.round_count, conversation.llm_call_count, conversation.tool_call_count,
+            conversation.input_tokens) == (2, 2, 2, 1010 + 5000)
+    assert conversation.findings_stale
+    assert announced == [([conversation.pk], True)]  # open pages reload: a figure may have gone down
+
+
+def test_a_tool_call_edited_to_failed_in_the_admin_counts_as_an_error(client, alice):
+    conversation = make_conversation()
+    round_ = a_turn(conversation, "r1", NOW, 10)
+    round_.refresh_from_db()
+    conversation.refresh_from_db()
+    assert (round_.error_count, conversation.error_count, conversation.tool_call_count) == (0, 0, 1)
+    client.force_login(alice)
+
+    edit_in_the_admin(client, ToolCall.objects.get(), success=False)
+
+    assert not ToolCall.objects.get().success
+    round_.refresh_from_db()
+    conversation.refresh_from_db()
+    assert (round_.error_count, round_.tool_call_count) == (1, 1)
+    assert (conversation.error_count, conversation.tool_call_count) == (1, 1)
 
 
 def test_the_deletion_collector_refuses_conversations():
