@@ -53,12 +53,16 @@ class FiguresFollowAdminChanges:
     conversations already locked: an ingest may fold a placeholder conversation into another
     meanwhile), then the rollup rows (for a delete in one pass at the end, `batched`)."""
 
+    # The span a row was stored from: replacing an open span finds its rows, and the tool context
+    # ledger its carries, by these; an edit would orphan both.
+    readonly_fields: tuple[str, ...] = ("trace_id", "span_id")
+
     def save_model(self, request: HttpRequest, obj: Model, form, change: bool) -> None:
-        if not change:
+        if not change or not form.has_changed():
             super().save_model(request, obj, form, change)
             return
         model = type(obj)
-        with transaction.atomic():
+        with transaction.atomic(), rollups.batched():  # the rollup rows in one pass, at the end
             locked = _lock_conversations(lambda: {*model.objects.filter(pk=obj.pk).values_list(
                 "conversation_id", flat=True), obj.conversation_id})
             before = model.objects.get(pk=obj.pk)
@@ -268,6 +272,7 @@ class RoundAdmin(FiguresFollowAdminChanges, admin.ModelAdmin):
     list_filter = ("status",)
     search_fields = ("key", "trace_id", "user_message", "final_answer")
     raw_id_fields = ("conversation",)
+    readonly_fields = ("trace_id",)  # a round has no span of its own
 
 
 @admin.register(LLMCall)
@@ -278,7 +283,7 @@ class LLMCallAdmin(FiguresFollowAdminChanges, admin.ModelAdmin):
     raw_id_fields = ("conversation",)
     # The tool calls a call asks for are indexed from its output, by round (ToolRequest), and its
     # tools linked by them: an edit here would rewrite neither.
-    readonly_fields = ("output_messages", "round")
+    readonly_fields = (*FiguresFollowAdminChanges.readonly_fields, "output_messages", "round")
 
 
 @admin.register(ToolCall)

@@ -11,14 +11,17 @@ def edit_in_the_admin(client, row: Model, **changed) -> None:
     url = reverse(f"admin:pipeline_{row._meta.model_name}_change", args=[row.pk])
     form = client.get(url).context["adminform"].form
     data: dict = {}
-    for name, field in form.fields.items():
-        value = form[name].value()
+
+    def put(name: str, field, value) -> None:
         if hasattr(field.widget, "widgets"):  # a date and a time
             data.update({f"{name}_{i}": part or "" for i, part in enumerate(field.widget.decompress(value))})
-        elif value is not None and value is not False:
+        elif value is not None and value is not False:  # an unticked box is not sent
             data[name] = "on" if value is True else value
-    data.update({name: value for name, value in changed.items() if value is not False})
-    for name in [name for name, value in changed.items() if value is False]:
-        data.pop(name, None)  # an unticked box is not sent
+
+    for name, field in form.fields.items():
+        put(name, field, changed.get(name, form[name].value()))
+        if field.show_hidden_initial:  # the page's hidden copy of a field with a callable default
+            put(f"initial-{name}", field, form[name].value())
+    data.update({name: value for name, value in changed.items() if name not in form.fields})  # the form ignores them
     response = client.post(url, data)
     assert response.status_code == 302, response.context["adminform"].form.errors

@@ -282,6 +282,18 @@ def test_a_carrier_whose_input_tokens_are_edited_in_the_admin_counts_its_new_sha
     assert figures(ToolCall.objects.get()) == expected(calls)
 
 
+def test_the_admin_cannot_move_a_carrier_to_another_span(api, reader):
+    post(api, asking(), tool(), *carriers(2))
+    edited = carrying_calls()[1]
+
+    edit_in_the_admin(reader, edited, span_id="ffffffffffffffff", input_tokens=3000)
+
+    calls = carrying_calls()
+    assert (calls[1].span_id, calls[1].input_tokens) == (edited.span_id, 3000)
+    assert ToolResultCarry.objects.count() == 2  # one row per carrying call, none left behind
+    assert figures(ToolCall.objects.get()) == expected(calls)
+
+
 def test_a_tool_call_given_another_id_in_the_admin_leaves_its_carries_to_the_one_still_sharing_it(api, reader):
     older, newer = two_turns_asking_the_same_tool_call_id(api)
     calls = carrying_calls()

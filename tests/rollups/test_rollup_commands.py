@@ -275,6 +275,34 @@ def test_an_llm_call_edited_in_the_admin_gives_its_round_and_conversation_its_ne
     assert announced == [([conversation.pk], True)]  # open pages reload: a figure may have gone down
 
 
+@time_machine.travel(NOW, tick=False)  # the rebuild keeps minutes and hours of the recent past only
+def test_an_llm_call_moved_to_another_model_and_minute_in_the_admin_moves_its_rollups(client, alice):
+    conversation = make_conversation()
+    a_turn(conversation, "r1", NOW - timedelta(minutes=3), 10)
+    client.force_login(alice)
+
+    edit_in_the_admin(client, LLMCall.objects.get(), model="gpt-4o-mini", started_at=NOW - timedelta(minutes=1))
+
+    assert LLMCall.objects.get().started_at == NOW - timedelta(minutes=1)
+    assert set(Rollup.objects.filter(kind="model").values_list("name", flat=True)) == {"gpt-4o-mini"}
+    incremental = rollup_rows()
+    rebuild_rollups()
+    assert rollup_rows() == incremental
+
+
+def test_an_admin_save_that_changes_nothing_recounts_nothing(client, alice):
+    conversation = make_conversation()
+    a_turn(conversation, "r1", NOW, 10)
+    conversation.refresh_from_db()
+    assert not conversation.findings_stale
+    client.force_login(alice)
+
+    edit_in_the_admin(client, LLMCall.objects.get())
+
+    conversation.refresh_from_db()
+    assert not conversation.findings_stale
+
+
 def test_a_tool_call_edited_to_failed_in_the_admin_counts_as_an_error(client, alice):
     conversation = make_conversation()
     round_ = a_turn(conversation, "r1", NOW, 10)
