@@ -53,12 +53,16 @@ class FiguresFollowAdminChanges:
     conversations already locked: an ingest may fold a placeholder conversation into another
     meanwhile), then the rollup rows (for a delete in one pass at the end, `batched`)."""
 
-    # The span a row was stored from: replacing an open span finds its rows, and the tool context
-    # ledger its carries, by these; an edit would orphan both.
-    readonly_fields: tuple[str, ...] = ("trace_id", "span_id")
+    def get_readonly_fields(self, request: HttpRequest, obj: Model | None = None) -> tuple[str, ...]:
+        # The span a row was stored from: replacing an open span finds its rows, and the tool
+        # context ledger its carries, by these; an edit would orphan both.
+        names = {field.name for field in self.model._meta.fields}
+        return (*(n for n in ("trace_id", "span_id") if n in names), *super().get_readonly_fields(request, obj))
 
     def save_model(self, request: HttpRequest, obj: Model, form, change: bool) -> None:
-        if not change or not form.has_changed():
+        if change and not form.has_changed():  # nothing to write (the form would round times to seconds)
+            return
+        if not change:
             super().save_model(request, obj, form, change)
             return
         model = type(obj)
@@ -272,7 +276,6 @@ class RoundAdmin(FiguresFollowAdminChanges, admin.ModelAdmin):
     list_filter = ("status",)
     search_fields = ("key", "trace_id", "user_message", "final_answer")
     raw_id_fields = ("conversation",)
-    readonly_fields = ("trace_id",)  # a round has no span of its own
 
 
 @admin.register(LLMCall)
@@ -283,7 +286,7 @@ class LLMCallAdmin(FiguresFollowAdminChanges, admin.ModelAdmin):
     raw_id_fields = ("conversation",)
     # The tool calls a call asks for are indexed from its output, by round (ToolRequest), and its
     # tools linked by them: an edit here would rewrite neither.
-    readonly_fields = (*FiguresFollowAdminChanges.readonly_fields, "output_messages", "round")
+    readonly_fields = ("output_messages", "round")
 
 
 @admin.register(ToolCall)

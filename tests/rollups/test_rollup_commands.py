@@ -290,15 +290,18 @@ def test_an_llm_call_moved_to_another_model_and_minute_in_the_admin_moves_its_ro
     assert rollup_rows() == incremental
 
 
-def test_an_admin_save_that_changes_nothing_recounts_nothing(client, alice):
+def test_an_admin_save_that_changes_nothing_writes_nothing(client, alice):
     conversation = make_conversation()
-    a_turn(conversation, "r1", NOW, 10)
+    a_turn(conversation, "r1", NOW + timedelta(microseconds=123456), 10)  # finer than the form's seconds
     conversation.refresh_from_db()
     assert not conversation.findings_stale
+    rollups = list(Rollup.objects.order_by("pk").values_list("pk", "calls", "sums"))
     client.force_login(alice)
 
     edit_in_the_admin(client, LLMCall.objects.get())
 
+    assert LLMCall.objects.get().started_at == NOW + timedelta(microseconds=123456)
+    assert list(Rollup.objects.order_by("pk").values_list("pk", "calls", "sums")) == rollups
     conversation.refresh_from_db()
     assert not conversation.findings_stale
 
