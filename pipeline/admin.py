@@ -51,7 +51,7 @@ class FiguresFollowAdminChanges:
 
     Locks are taken in ingest's order: the conversations (until the rows changed are all in
     conversations already locked: an ingest may fold a placeholder conversation into another
-    meanwhile), then the rollup rows (for a delete in one pass at the end, `batched`)."""
+    meanwhile), then the rollup rows, in one pass at the end (`batched`)."""
 
     def get_readonly_fields(self, request: HttpRequest, obj: Model | None = None) -> tuple[str, ...]:
         # The span a row was stored from: replacing an open span finds its rows, and the tool
