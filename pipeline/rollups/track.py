@@ -184,11 +184,27 @@ def _write_changed(changed: dict[Key, Figures]) -> None:
 
 
 def _stored_values_by_id(model: type[Model], ids: Sequence[int]) -> dict[int, dict[str, Any]]:
-    kind = KIND_OF[model]
+    """{id: {column: value}} of COLUMNS[kind], as `.values()` gives them: a raw SELECT with the
+    ORM's own converters (booleans, decimals, datetimes, JSON), because this runs for every
+    update ingest makes and the ORM spent more compiling the query than SQLite running it."""
+    names = COLUMNS[KIND_OF[model]]
+    columns = [model._meta.get_field(name).get_col(model._meta.db_table) for name in names]
+    converters = [(i, column, [*connection.ops.get_db_converters(column), *column.get_db_converters(connection)])
+                  for i, column in enumerate(columns)]
+    converters = [(i, column, found) for i, column, found in converters if found]
+    quote = connection.ops.quote_name
+    selected = ", ".join(quote(column.target.column) for column in columns)
     out: dict[int, dict[str, Any]] = {}
     for i in range(0, len(ids), CHUNK):
-        for row in model.objects.order_by().filter(pk__in=ids[i:i + CHUNK]).values("pk", *COLUMNS[kind]):
-            out[row.pop("pk")] = row
+        chunk = ids[i:i + CHUNK]
+        with connection.cursor() as cursor:
+            cursor.execute(f"SELECT {quote(model._meta.pk.column)}, {selected} FROM {quote(model._meta.db_table)} "
+                           f"WHERE {quote(model._meta.pk.column)} IN ({', '.join(['%s'] * len(chunk))})", chunk)
+            for pk, *values in cursor.fetchall():
+                for n, column, found in converters:
+                    for convert in found:
+                        values[n] = convert(values[n], column, connection)
+                out[pk] = dict(zip(names, values))
     return out
 
 
