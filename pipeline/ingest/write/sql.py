@@ -266,6 +266,13 @@ def update_rows(model: type[Model], rows: Iterable[Model], names: Sequence[str])
     return len(rows)
 
 
+def _plain(model: type[Model], fields: Iterable[Any]) -> bool:
+    """Whether Model.__init__ would only store each of `fields`' values in the instance's dict:
+    plain field descriptors, and no init signal receivers."""
+    return (all(type(model.__dict__.get(f.attname)) in (DeferredAttribute, ForeignKeyDeferredAttribute) for f in fields)
+            and not pre_init.has_listeners(model) and not post_init.has_listeners(model))
+
+
 def row_maker(model: type[Model]) -> Callable[..., Model]:
     """A function that builds unsaved instances as `model(**values)` does — every field's default,
     then `values` — for rows ingest builds by the thousand: without Model.__init__'s per-field
@@ -277,9 +284,7 @@ def row_maker(model: type[Model]) -> Callable[..., Model]:
     related instance, a property), go through Model.__init__ instead.
     """
     fields = [f for f in model._meta.concrete_fields if not f.generated]
-    plain = all(type(model.__dict__.get(f.attname)) in (DeferredAttribute, ForeignKeyDeferredAttribute)
-                for f in fields)
-    if not plain or pre_init.has_listeners(model) or post_init.has_listeners(model):
+    if not _plain(model, fields):
         return model
     defaults = [(f.attname, f.get_default) for f in fields]
     names = frozenset(name for name, _ in defaults)
@@ -328,6 +333,8 @@ def instances(model: type[Model], names: Sequence[str], rows: Iterable[Sequence[
     meta = model._meta
     fields = [meta.get_field(n) for n in names]
     converters = [_converter(f) for f in fields]
+    if _plain(model, fields):  # what from_db makes, without Model.__init__ (see row_maker): a few per round
+        return _loaded(model, [f.attname for f in fields], converters, rows)
     # from_db expects the values in the model's field order
     order = sorted(range(len(fields)), key=lambda i: meta.concrete_fields.index(fields[i]))
     attnames = [fields[i].attname for i in order]
@@ -335,4 +342,18 @@ def instances(model: type[Model], names: Sequence[str], rows: Iterable[Sequence[
     for row in rows:
         values = [converters[i](row[i]) if converters[i] else row[i] for i in order]
         out.append(model.from_db(connection.alias, attnames, values))
+    return out
+
+
+def _loaded(model: type[Model], attnames: list[str], converters: list, rows: Iterable[Sequence[Any]]) -> list[Model]:
+    """`model.from_db(alias, attnames, values)` for each row: the instance's dict holds the values,
+    the fields not read stay deferred (loaded on access), and its state says it is stored."""
+    alias, new, out = connection.alias, object.__new__, []
+    for row in rows:
+        instance = new(model)
+        state = instance._state = ModelState()
+        state.adding, state.db = False, alias
+        instance.__dict__.update(zip(attnames, [convert(value) if convert else value
+                                                for convert, value in zip(converters, row)]))
+        out.append(instance)
     return out
