@@ -64,14 +64,36 @@ def test_values_json_takes_read_back_the_same(value):
     {"big": 2**70, "raw": b"x"},
 ])
 def test_span_attributes_are_written_as_jsonable_then_prepared(value):
-    """_SpanRows.json lets orjson write bytes as base64 itself: the same text as jsonable first."""
-    from pipeline.ingest.write.rows import _SpanRows, jsonable
+    """_SpanJson.json lets orjson write bytes as base64 itself: the same text as jsonable first."""
+    from pipeline.ingest.write.rows import _SpanJson, jsonable
 
-    assert _SpanRows("otlp").json(value) == Prepare().json(jsonable(value))
+    assert _SpanJson().json(value) == Prepare().json(jsonable(value))
 
 
 def test_span_attributes_json_refuses_what_prepare_refuses():
-    from pipeline.ingest.write.rows import _SpanRows
+    from pipeline.ingest.write.rows import _SpanJson
 
     with pytest.raises(TypeError):
-        _SpanRows("otlp").json({"at": datetime(2026, 1, 1, tzinfo=UTC), "raw": b"x"})
+        _SpanJson().json({"at": datetime(2026, 1, 1, tzinfo=UTC), "raw": b"x"})
+
+
+def test_span_json_encoded_before_the_transaction_is_what_the_transaction_would_write():
+    """prepare_spans encodes each span's JSON columns on the request's thread; the Span rows are
+    the ones the writer made when it encoded them itself."""
+    from pipeline.ingest.records import SpanEvent
+    from pipeline.ingest.write.rows import _SpanRows
+    from pipeline.ingest.write.store import prepare_spans
+    from tests.ingest.test_otlp_store import agent_trace
+
+    records = agent_trace()
+    records[1].events = [SpanEvent("retry", 5, {"raw": b"\x00\x01"})]
+    records[2].links = [{"trace_id": "ab" * 16, "span_id": "cd" * 8}]
+    spans = prepare_spans(records).spans
+    assert spans and all(s.span_json is not None for s in spans)
+    rows = _SpanRows("otlp")
+    encoded_before = [rows.values(s, 1) for s in spans]
+    for s in spans:
+        s.span_json = None
+    assert encoded_before == [rows.values(s, 1) for s in spans]
+    assert any(json.loads(row[17]) for row in encoded_before)  # events and links written, not only empty lists
+    assert any(json.loads(row[18]) for row in encoded_before)

@@ -90,6 +90,9 @@ class NormalisedSpan:
     compression: dict[str, Any] | None = None
     skill: dict[str, Any] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    # The Span row's attributes, events, links and resource as the database takes them, encoded
+    # before the transaction (pipeline.ingest.write.rows.encode_span_json); None: encoded in it.
+    span_json: tuple[Any, Any, Any, Any] | None = None
 
     @property
     def is_root(self) -> bool:

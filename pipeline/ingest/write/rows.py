@@ -19,6 +19,7 @@ from pipeline.ingest.write import precount, sql
 from pipeline.ingest.write.artifacts import store_observation_artifacts
 from pipeline.ingest.write.linking import RoundRows, link_compressions, save_requests
 from pipeline.ingest.normalise.span import NormalisedSpan
+from pipeline.ingest.records import SpanRecord
 from pipeline.ingest.write.sanitise import clamp_integers
 from pipeline.insight.costs import price_llm_call
 from pipeline.rollups import track as rollups
@@ -56,13 +57,11 @@ SPAN_COLUMNS = (
 )
 
 
-class _SpanRows:
-    """Prepared Span rows (no model instances: this runs for every span), in SPAN_COLUMNS order."""
+class _SpanJson:
+    """The JSON columns of Span rows (attributes, events, links, resource), prepared."""
 
-    def __init__(self, source: str) -> None:
+    def __init__(self) -> None:
         self.prepare = sql.Prepare()
-        self.source = source[:16]
-        self.received = self.prepare.datetime(timezone.now())
         self.empty = self.prepare.json([])
         self.resources: dict[int, Any] = {}  # the spans of one ResourceSpans share its dict
 
@@ -76,19 +75,43 @@ class _SpanRows:
                 pass
         return self.prepare.json(jsonable(value))
 
-    def values(self, s: NormalisedSpan, conversation_id: int) -> list[Any]:
-        r, json = s.record, self.json
+    def columns(self, r: SpanRecord) -> tuple[Any, Any, Any, Any]:
+        json = self.json
         resource = self.resources.get(id(r.resource))
         if resource is None:
             resource = self.resources[id(r.resource)] = json(r.resource)
         events = json([{"name": e.name, "time_unix_nano": e.time_unix_nano, "attributes": e.attributes}
                        for e in r.events]) if r.events else self.empty
+        return json(r.attributes), events, json(r.links) if r.links else self.empty, resource
+
+
+def encode_span_json(spans: Iterable[NormalisedSpan]) -> None:
+    """Set each span's `span_json` where the database takes JSON as text (SQLite): on the request's
+    thread, before the transaction, because encoding the attributes is the largest part of a Span
+    row and the transactions run one at a time. (PostgreSQL's driver encodes as it executes.)"""
+    encoder = _SpanJson()
+    if encoder.prepare.json_as_text:
+        for s in spans:
+            s.span_json = encoder.columns(s.record)
+
+
+class _SpanRows:
+    """Prepared Span rows (no model instances: this runs for every span), in SPAN_COLUMNS order."""
+
+    def __init__(self, source: str) -> None:
+        self.prepare = sql.Prepare()
+        self.source = source[:16]
+        self.received = self.prepare.datetime(timezone.now())
+        self.encoder = _SpanJson()
+
+    def values(self, s: NormalisedSpan, conversation_id: int) -> list[Any]:
+        r = s.record
+        attributes, events, links, resource = s.span_json or self.encoder.columns(r)
         return [
             r.trace_id, r.span_id, r.parent_span_id, r.name[:1000], s.span_kind, r.kind, r.status_code,
             r.status_message, self.prepare.datetime(s.started_at), self.prepare.datetime(s.ended_at),
             r.start_time_unix_nano, r.end_time_unix_nano, s.duration_ms, s.service_name, r.scope_name[:255],
-            r.scope_version[:64], json(r.attributes), events, json(r.links) if r.links else self.empty, resource,
-            conversation_id, self.source, self.received,
+            r.scope_version[:64], attributes, events, links, resource, conversation_id, self.source, self.received,
         ]
 
 

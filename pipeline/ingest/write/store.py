@@ -41,7 +41,7 @@ from pipeline.ingest.write.linking import RoundRows, relink_stored
 from pipeline.ingest.write.logs import apply_logs, save_logs
 from pipeline.ingest.normalise.span import NormalisedSpan, normalise
 from pipeline.ingest.records import LogRecord, SpanRecord
-from pipeline.ingest.write.rows import build_rows, delete_span_rows, insert_rows
+from pipeline.ingest.write.rows import build_rows, delete_span_rows, encode_span_json, insert_rows
 from pipeline.ingest.write.sanitise import INT64_MAX, clean_log, clean_record
 from pipeline.ingest.write.sql import update_rows
 from pipeline.ingest.write.conversations import resolve_conversations, resolve_rounds
@@ -122,6 +122,7 @@ def prepare_spans(records: Sequence[SpanRecord]) -> PreparedBatch:
     if errors:
         more = f" (and {len(errors) - MAX_ERRORS_REPORTED} more)" if len(errors) > MAX_ERRORS_REPORTED else ""
         result.error_message = f"{len(errors)} span(s) rejected: " + "; ".join(errors[:MAX_ERRORS_REPORTED]) + more
+    encode_span_json(spans)
     return PreparedBatch(spans, result, precount(spans))
 
 
