@@ -92,6 +92,7 @@ def test_span_json_encoded_before_the_transaction_is_what_the_transaction_would_
     assert spans and all(s.span_json is not None for s in spans)
     rows = _SpanRows("otlp")
     encoded_before = [rows.values(s, 1) for s in spans]
+    assert all(row[16:20] == list(s.span_json) and row[16] is s.span_json[0] for row, s in zip(encoded_before, spans))
     for s in spans:
         s.span_json = None
     assert encoded_before == [rows.values(s, 1) for s in spans]

@@ -28,7 +28,8 @@ def test_stored_values_are_what_the_orm_reads():
     for model in KIND_OF:
         ids = list(model.objects.order_by("pk").values_list("pk", flat=True))
         assert ids, model
-        expected = {row.pop("pk"): row for row in model.objects.filter(pk__in=ids).values("pk", *COLUMNS[KIND_OF[model]])}
+        read = model.objects.filter(pk__in=ids).values("pk", *COLUMNS[KIND_OF[model]])
+        expected = {row.pop("pk"): row for row in read}
         stored = _stored_values_by_id(model, ids + [max(ids) + 1000])  # an id no longer stored is left out
         assert stored == expected
         for pk, row in stored.items():
