@@ -18,7 +18,8 @@ another commit (a temporary git worktree, served the same way, on its own fresh 
 in alternating rounds (base, this, base, this, …; --rounds, 3 by default), each on a fresh
 database: on a shared machine one slow spell then lands on both sides, not on one. Each side's
 round of median CPU per span is reported, the ratios this/base of those two rounds, every
-round's CPU and throughput, and the range of the per-round CPU ratios.
+round's CPU and throughput, the range of the per-round CPU and throughput ratios, and the ratio
+of the two sides' mean throughputs (which no single slow round decides).
 """
 
 from __future__ import annotations
@@ -276,6 +277,11 @@ def main() -> int:
                   + ", ".join(f"{r.throughput:,.0f}" for r in measured) + " spans/s")
         pairs = [t.cpu_per_span / b.cpu_per_span for b, t in zip(rounds[base_name], rounds["this checkout"])]
         print(f"   CPU per span this/base by round: {min(pairs):.2f}x to {max(pairs):.2f}x")
+        # The median-CPU rounds above can each be a side's slow or fast spell; the means weigh every round.
+        speeds = [t.throughput / b.throughput for b, t in zip(rounds[base_name], rounds["this checkout"])]
+        means = [sum(r.throughput for r in rounds[name]) / len(rounds[name]) for name in (base_name, "this checkout")]
+        print(f"   throughput this/base by round: {min(speeds):.2f}x to {max(speeds):.2f}x; "
+              f"of the rounds' means: {means[1] / means[0]:.2f}x")
     redis_url = os.environ.get("REDIS_URL", "")
     print("reproduce          " + (f"DATABASE_URL={shlex.quote(given_url)} " if given_url else "")
           + (f"REDIS_URL={shlex.quote(redis_url)} " if redis_url else "")
