@@ -189,9 +189,8 @@ def _stored_values_by_id(model: type[Model], ids: Sequence[int]) -> dict[int, di
     update ingest makes and the ORM spent more compiling the query than SQLite running it."""
     names = COLUMNS[KIND_OF[model]]
     columns = [model._meta.get_field(name).get_col(model._meta.db_table) for name in names]
-    converters = [(i, column, [*connection.ops.get_db_converters(column), *column.get_db_converters(connection)])
-                  for i, column in enumerate(columns)]
-    converters = [(i, column, found) for i, column, found in converters if found]
+    converters = [(i, column, found) for i, column in enumerate(columns)
+                  if (found := [*connection.ops.get_db_converters(column), *column.get_db_converters(connection)])]
     quote = connection.ops.quote_name
     selected = ", ".join(quote(column.target.column) for column in columns)
     out: dict[int, dict[str, Any]] = {}

@@ -99,10 +99,10 @@ class _SpanRows:
     """Prepared Span rows (no model instances: this runs for every span), in SPAN_COLUMNS order."""
 
     def __init__(self, source: str) -> None:
-        self.prepare = sql.Prepare()
+        self.encoder = _SpanJson()
+        self.prepare = self.encoder.prepare
         self.source = source[:16]
         self.received = self.prepare.datetime(timezone.now())
-        self.encoder = _SpanJson()
 
     def values(self, s: NormalisedSpan, conversation_id: int) -> list[Any]:
         r = s.record

@@ -323,7 +323,7 @@ def forget_carriers(spans: Iterable[tuple[str, str]], results: Iterable[Key] = (
     """Rows deleted (in the admin): LLM calls by (trace_id, span_id), whose ledger rows go, and
     tool calls by key. The tool calls of every key involved are summed again from what the ledger
     still holds (a tool call sharing its id with a deleted one now owns the carries it had)."""
-    keys = _drop_carries(spans) | set(results)
+    keys = {carry.key for carries in _delete_carries(spans).values() for _, carry in carries.values()} | set(results)
     if keys:
         update_tool_context((), forced=keys)
 
@@ -334,24 +334,19 @@ def forget_replaced(spans: Sequence[tuple[str, str]], uncalled: Iterable[tuple[s
     results to sum again once the batch's rows are in, as (trace_id, tool_call_id): those rows',
     and those of the spans' tool calls (another tool call sharing an id may now own its carries).
     By trace, not conversation: the batch may yet merge the trace's conversation into another."""
-    stored = _stored_carries(sorted(set(uncalled)))
-    _delete_carries(stored)
+    stored = _delete_carries(uncalled)
     tools = sql.by_spans(ToolCall, ["tool_call_id"], spans)
     return ({(trace_id, answer) for (trace_id, _), carries in stored.items() for answer in carries}
             | {(trace_id, answer) for trace_id, _, answer in tools if answer})
 
 
-def _drop_carries(spans: Iterable[tuple[str, str]]) -> set[Key]:
-    """Delete the ledger rows of the carrying calls `spans`; the keys they counted for."""
+def _delete_carries(spans: Iterable[tuple[str, str]]) -> dict[tuple[str, str], dict[str, tuple[int, Carry]]]:
+    """Delete the ledger rows of the carrying calls `spans`; the rows deleted, as `_stored_carries` reads them."""
     stored = _stored_carries(sorted(set(spans)))
-    _delete_carries(stored)
-    return {carry.key for carries in stored.values() for _, carry in carries.values()}
-
-
-def _delete_carries(stored: dict[tuple[str, str], dict[str, tuple[int, Carry]]]) -> None:
     gone = [pk for carries in stored.values() for pk, _ in carries.values()]
     for chunk in sql.chunked(gone, 500):
         ToolResultCarry.objects.filter(pk__in=chunk).delete()
+    return stored
 
 
 def results_in(conversation_id: int) -> set[str]:
