@@ -33,6 +33,7 @@ STATUS_NAMES = {"STATUS_CODE_UNSET": 0, "STATUS_CODE_OK": 1, "STATUS_CODE_ERROR"
 MAX_ERRORS_REPORTED = 5
 MAX_DEPTH = 32
 TOO_DEEP = f"[value nested deeper than {MAX_DEPTH} levels: not kept]"
+SCALARS = frozenset({"string_value", "bool_value", "int_value", "double_value", "bytes_value"})  # AnyValue fields
 
 
 class OtlpDecodeError(ValueError):
@@ -57,27 +58,25 @@ class Decoded:
 
 def _any(value: Any, depth: int = 0) -> Any:
     which = value.WhichOneof("value")
-    if which == "string_value":
-        return value.string_value
-    if which == "int_value":
-        return value.int_value
-    if which == "double_value":
-        return value.double_value
-    if which == "bool_value":
-        return value.bool_value
-    if which in ("array_value", "kvlist_value") and depth >= MAX_DEPTH:
-        return TOO_DEEP
-    if which == "array_value":
-        return [_any(v, depth + 1) for v in value.array_value.values]
-    if which == "kvlist_value":
-        return {kv.key: _any(kv.value, depth + 1) for kv in value.kvlist_value.values}
-    if which == "bytes_value":
-        return value.bytes_value
-    return None
+    if which in SCALARS:
+        return getattr(value, which)
+    if which == "array_value" or which == "kvlist_value":
+        if depth >= MAX_DEPTH:
+            return TOO_DEEP
+        if which == "array_value":
+            return [v.string_value or _any(v, depth + 1) for v in value.array_value.values]
+        return _attrs(value.kvlist_value.values, depth + 1)
+    return None  # unset, or string_value_strindex (an index into a profiles dictionary we do not have)
 
 
-def _attrs(key_values: Any) -> dict[str, Any]:
-    return {kv.key: _any(kv.value) for kv in key_values}
+def _attrs(key_values: Any, depth: int = 0) -> dict[str, Any]:
+    # Most values are strings. A non-empty string_value can only be the oneof's set member (the
+    # others read as ""), so it is the value as it is; "" (an empty string or another kind) asks _any.
+    out = {}
+    for kv in key_values:
+        value = kv.value
+        out[kv.key] = value.string_value or _any(value, depth)
+    return out
 
 
 def _id_problem(trace_id: bytes, span_id: bytes, parent: bytes, what: str = "span") -> str:
@@ -101,15 +100,17 @@ def decode_traces_protobuf(body: bytes) -> Decoded:
         for scope_spans in resource_spans.scope_spans:
             scope_name, scope_version = scope_spans.scope.name, scope_spans.scope.version
             for span in scope_spans.spans:
-                problem = _id_problem(span.trace_id, span.span_id, span.parent_span_id)
+                trace_id, span_id, parent = span.trace_id, span.span_id, span.parent_span_id
+                problem = _id_problem(trace_id, span_id, parent)
                 if problem:
                     out.errors.append(problem)
                     continue
+                status = span.status
                 out.spans.append(SpanRecord(
-                    trace_id=span.trace_id.hex(), span_id=span.span_id.hex(), name=span.name,
+                    trace_id=trace_id.hex(), span_id=span_id.hex(), name=span.name,
                     start_time_unix_nano=span.start_time_unix_nano, end_time_unix_nano=span.end_time_unix_nano,
-                    parent_span_id=span.parent_span_id.hex(), kind=span.kind, status_code=span.status.code,
-                    status_message=span.status.message, attributes=_attrs(span.attributes),
+                    parent_span_id=parent.hex(), kind=span.kind, status_code=status.code,
+                    status_message=status.message, attributes=_attrs(span.attributes),
                     events=[SpanEvent(e.name, e.time_unix_nano, _attrs(e.attributes)) for e in span.events],
                     links=[{"trace_id": link.trace_id.hex(), "span_id": link.span_id.hex(),
                             "attributes": _attrs(link.attributes)} for link in span.links],
