@@ -15,9 +15,9 @@ Two ways to measure, chosen by what the span carries:
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from typing import Any
 
-from pipeline.ingest.normalise.messages import Message, message_text
+from pipeline.ingest.normalise.messages import Message
 from pipeline.tokens.counting import scale_to_total
 
 ROLE_CATEGORY = {"system": "system", "user": "user", "assistant": "assistant", "tool": "tool_observations"}
@@ -29,20 +29,18 @@ def category_of(message: Message) -> str:
     return ROLE_CATEGORY.get(str(message.get("role", "")), "user")
 
 
-def _by_category(messages: list[Message], measure: Callable[[str], int]) -> dict[str, int]:
-    sizes = dict.fromkeys(USED_CATEGORIES, 0)
-    for message in messages:
-        sizes[category_of(message)] += measure(message_text(message))
-    return sizes
-
-
 def _with_free(used: dict[str, int], window: int | None) -> dict[str, int]:
     return {**used, "free": max(0, (window or 0) - sum(used.values()))}
 
 
-def composition_from_sizes(messages: list[Message], input_tokens: int, window: int | None) -> dict[str, int]:
-    """The reported input tokens split in proportion to each category's UTF-8 size."""
-    return _with_free(scale_to_total(_by_category(messages, lambda text: len(text.encode())), input_tokens), window)
+def composition_from_sizes(digest: list[dict[str, Any]], input_tokens: int, window: int | None) -> dict[str, int]:
+    """The reported input tokens split in proportion to each category's UTF-8 size, read from the
+    messages' digest (pipeline.ingest.normalise.digest: each message's category and text size), so
+    the texts are not built and encoded a second time."""
+    sizes = dict.fromkeys(USED_CATEGORIES, 0)
+    for entry in digest:
+        sizes[entry["category"]] += entry["bytes"]
+    return _with_free(scale_to_total(sizes, input_tokens), window)
 
 
 def composition_from_counts(

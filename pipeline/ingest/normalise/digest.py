@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from json.encoder import encode_basestring_ascii as json_string  # json.dumps of one str
 from typing import Any
 
 from pipeline.ingest.normalise.composition import category_of
@@ -26,11 +27,16 @@ Digest = list[dict[str, Any]]
 TEXT_PARTS = frozenset(("text", "reasoning", "tool_call", "tool_call_response"))  # what message_text reads
 
 
+def _json_strings(items: list[str]) -> str:
+    """json.dumps(items) for a list of strings, without building an encoder for each message."""
+    return "[" + ", ".join(map(json_string, items)) + "]"
+
+
 def _hash(role: str, text: bytes, answers: list[str], requests: list[str], media: list[dict]) -> str:
     """What makes two messages the same to the model: role, text, tool call ids, and the parts
     that are not text (an image or a file that changed makes a changed message)."""
     h = hashlib.blake2b(digest_size=8)
-    h.update(json.dumps([role, answers, requests]).encode())
+    h.update(f"[{json_string(role)}, {_json_strings(answers)}, {_json_strings(requests)}]".encode())
     h.update(text)
     if media:
         h.update(json.dumps(media, sort_keys=True, default=str).encode(errors="replace"))

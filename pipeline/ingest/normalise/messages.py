@@ -80,6 +80,7 @@ def _sub_indexed(fields: Mapping[str, Any], prefix: str) -> list[dict[str, Any]]
 
 def _oi_message(fields: dict[str, Any]) -> Message:
     f = {k.removeprefix("message."): v for k, v in fields.items()}
+    nested = any("." in k for k in f)  # contents.N.* or tool_calls.N.*; most messages have neither
     role = to_text(f.get("role") or "")
     parts: list[dict[str, Any]] = []
     tool_call_id = f.get("tool_call_id")
@@ -88,13 +89,13 @@ def _oi_message(fields: dict[str, Any]) -> Message:
     else:
         if present(f.get("content")):
             parts.append(text_part(f["content"]))
-        for content in _sub_indexed(f, "contents."):
+        for content in _sub_indexed(f, "contents.") if nested else ():
             c = {k.removeprefix("message_content."): v for k, v in content.items()}
             if c.get("type", "text") == "text" and present(c.get("text")):
                 parts.append(text_part(c["text"]))
             elif present(c.get("image.image.url")):
                 parts.append({"type": "uri", "modality": "image", "uri": c["image.image.url"]})
-    for call in _sub_indexed(f, "tool_calls."):
+    for call in _sub_indexed(f, "tool_calls.") if nested else ():
         c = {k.removeprefix("tool_call."): v for k, v in call.items()}
         parts.append(tool_call_part(c.get("id"), c.get("function.name"), c.get("function.arguments")))
     message: Message = {"role": role, "parts": parts}
@@ -126,7 +127,7 @@ def flattened_groups(attrs: Mapping[str, Any]) -> dict[str, dict[int, dict[str, 
     """One pass over the attributes: {prefix: {N: {rest: value}}} for the four indexed prefixes."""
     groups: dict[str, dict[int, dict[str, Any]]] = {}
     for key, value in attrs.items():
-        if not (key.startswith("llm.") or key.startswith("gen_ai.")):
+        if not key.startswith(FLAT_PREFIXES):  # one test for the most attributes, which are none of them
             continue
         for prefix in FLAT_PREFIXES:
             if key.startswith(prefix):

@@ -234,9 +234,10 @@ def llm_fields(record: SpanRecord) -> dict[str, Any]:
     total = first_count(attrs, "gen_ai.usage.total_tokens", "llm.token_count.total", "llm.usage.total_tokens")
     composition = json_dict(attrs.get(sc.CONTEXT_COMPOSITION))
     window = first_count(attrs, sc.CONTEXT_WINDOW)
+    input_digest = message_digest(input_messages)
     if not composition and input_tokens is not None and input_messages:
         window = window or context_window(model)
-        composition = composition_from_sizes(input_messages, input_tokens, window)
+        composition = composition_from_sizes(input_digest, input_tokens, window)
     fields = {
         "model": model,
         "request_model": request_model,
@@ -264,7 +265,7 @@ def llm_fields(record: SpanRecord) -> dict[str, Any]:
         "tokens_approximate": attrs.get(sc.TOKENS_APPROXIMATE) is True,
         "input_messages": input_messages,
         "output_messages": output_messages,
-        "input_digest": message_digest(input_messages),
+        "input_digest": input_digest,
         "output_digest": message_digest(output_messages),
         "finish_reason": _finish_reason(attrs, output_messages),
         # Tokenising left for after the response (pipeline.ingest.write.deferred): only what the span

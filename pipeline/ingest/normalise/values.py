@@ -26,7 +26,7 @@ def first(attrs: Mapping[str, Any], *keys: str) -> Any:
     """The value of the first key in `keys` that `attrs` has with a real value, else None."""
     for key in keys:
         value = attrs.get(key)
-        if value is not None and present(value):
+        if value is not None and (not isinstance(value, str) or value not in ABSENT):  # present(), inline
             return value
     return None
 
@@ -51,9 +51,11 @@ def as_int(value: Any) -> int | None:
 
 def first_int(attrs: Mapping[str, Any], *keys: str) -> int | None:
     for key in keys:
-        number = as_int(attrs.get(key))
-        if number is not None:
-            return number
+        value = attrs.get(key)
+        if value is not None:  # most keys are missing: no as_int call for them
+            number = as_int(value)
+            if number is not None:
+                return number
     return None
 
 
@@ -100,7 +102,9 @@ def parse_json(value: Any) -> Any:
     """
     if isinstance(value, str):
         text = value.lstrip()
-        if text[:1] in ("{", "["):
+        # JSON that starts with { or [ ends with } or ] (only " \t\n\r" may follow): text that does not
+        # ("{...} and more") is not tried: json.loads would only raise
+        if text[:1] in ("{", "[") and value.rstrip(" \t\n\r").endswith(("}", "]")):
             try:
                 parsed = json.loads(value)
                 return _without_surrogates(parsed) if SURROGATE_ESCAPE.search(value) else parsed
