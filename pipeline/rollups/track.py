@@ -28,8 +28,10 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime, timedelta
+from functools import partial
 from typing import Any
 
+import orjson
 from django.db import connection, transaction
 from django.db.models import Model
 from django.db.models.deletion import Collector
@@ -40,6 +42,8 @@ from pipeline.rollups.figures import COLUMNS, KIND_OF, Figures, add_contribution
 GRAINS = {"m": timedelta(minutes=1), "h": timedelta(hours=1), "d": timedelta(days=1)}
 Key = tuple[str, str, datetime, str]  # kind, grain, bucket_start, name
 CHUNK = 500
+DIGITS_AS_ZEROS = bytes.maketrans(b"123456789", b"000000000")
+LONG_NUMBER = b"0" * 19  # the shortest run of digits (as zeros) that can be an integer past 64 bits
 
 
 def floor(moment: datetime, grain: str) -> datetime:
@@ -141,8 +145,35 @@ def _locked_rows(keys: Sequence[Key]) -> dict[Key, tuple]:
                 f"ON r.kind = v.column2 AND r.grain = v.column3 AND r.{quote('bucket_start')} = v.column4 "
                 f"AND r.name = v.column5 ORDER BY r.id{lock}", params)
             for n, pk, calls, *figures in cursor.fetchall():
-                found[chunk[n]] = (pk, calls, *(json.loads(f) if isinstance(f, str) else f for f in figures))
+                found[chunk[n]] = (pk, calls, *map(_loads, figures))
     return found
+
+
+def _loads(value: Any) -> Any:
+    """A JSON column as JSONField reads it (json.loads of the text both engines return here), with
+    orjson where it reads the same: not for NaN or Infinity (orjson refuses them) nor for integers
+    past 64 bits (orjson reads them as floats; any run of 19 digits goes to json.loads)."""
+    if not isinstance(value, str):
+        return value
+    text = value.encode()
+    if LONG_NUMBER not in text.translate(DIGITS_AS_ZEROS):  # a regex search would cost more than orjson
+        try:
+            return orjson.loads(text)
+        except orjson.JSONDecodeError:
+            pass
+    return json.loads(value)
+
+
+def _sqlite_json(value: dict[str, Any]) -> str:
+    """The JSON text of a rollup column, read back by json.loads (JSONField) as json.dumps's is:
+    orjson's, 5-10x faster, unless it refuses the value (keys that are not strings, integers past
+    64 bits, lone surrogates) or writes NaN or Infinity as null (no rollup value is ever None); then
+    json.dumps's, as JSONField would write it."""
+    try:
+        text = orjson.dumps(value)
+    except orjson.JSONEncodeError:
+        return json.dumps(value)
+    return json.dumps(value) if b"null" in text else text.decode()
 
 
 def _write_changed(changed: dict[Key, Figures]) -> None:
@@ -156,6 +187,8 @@ def _write_changed(changed: dict[Key, Figures]) -> None:
                                     for kind, grain, start, name in missing], batch_size=CHUNK, ignore_conflicts=True)
         existing.update(_locked_rows(missing))
     new, updated, emptied = [], [], []
+    # what JSONField writes: the backend's adapter, or on SQLite the same text for json.loads to read
+    encode = _sqlite_json if connection.vendor == "sqlite" else partial(connection.ops.adapt_json_value, encoder=None)
     for key in sorted(changed):
         row = existing.get(key)
         figures = Figures() if row is None else Figures.from_stored(*row[1:])
@@ -169,9 +202,8 @@ def _write_changed(changed: dict[Key, Figures]) -> None:
             kind, grain, start, name = key
             new.append(Rollup(kind=kind, grain=grain, bucket_start=start, name=name, **stored))
         else:
-            adapt_json = connection.ops.adapt_json_value  # what JSONField writes, on either engine
-            updated.append((stored["calls"], adapt_json(stored["sums"], None), adapt_json(stored["errors"], None),
-                            adapt_json(stored["latency"], None), row[0]))
+            updated.append((stored["calls"], encode(stored["sums"]), encode(stored["errors"]),
+                            encode(stored["latency"]), row[0]))
     if emptied:
         Rollup.objects.filter(pk__in=emptied).delete()
     if updated:  # one executemany: bulk_update's CASE WHEN costs more than the rest of this put together
