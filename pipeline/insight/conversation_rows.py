@@ -29,22 +29,24 @@ from __future__ import annotations
 import json
 import re
 from collections import defaultdict, deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from itertools import groupby
 from operator import itemgetter
 from typing import Any
 
+from django.db import connection
 from django.db.models import ExpressionWrapper, F, FloatField, Q, Subquery, TextField
 from django.db.models.functions import Cast, Coalesce, NullIf
 
+from pipeline.ingest.write import sql
 from pipeline.insight.diff import Compressions, extends, shares_a_message
 from pipeline.models import CompressionEvent, LLMCall, ToolCall
 
 CALL_FIELDS = ("id", "started_at", "input_tokens", "round_id", "model", "context_tokens", "context_window",
                "output_digest")
-TOOL_FIELDS = ("round_id", "llm_call_id", "started_at", "tool_name", "tool_call_id", "arguments",
+TOOL_FIELDS = ("round_id", "llm_call_id", "started_at", "tool_name", "tool_call_id", "arguments_text",
                "observation_tokens", "success", "error_type", "error_code", "error_message", "retry_count")
 STREAM_LOOKBACK = 16  # earlier calls with the same first message a call may follow
 # A window of a conversation's calls (a page of its turns) is read with this many calls before it:
@@ -80,7 +82,9 @@ class CallRow:
 
 @dataclass(slots=True)
 class ToolRow:
-    """What the checks read of a tool call: no observation, only its counted tokens."""
+    """What the checks read of a tool call: no observation, only its counted tokens; its arguments
+    as JSON text (`arguments_text`), decoded by the one check that reads them, and only for the
+    tools that may repeat (`arguments`)."""
 
     pk: int
     round_id: int | None
@@ -88,13 +92,18 @@ class ToolRow:
     started_at: datetime
     tool_name: str
     tool_call_id: str
-    arguments: Any
+    arguments_text: str | None
     observation_tokens: int
     success: bool
     error_type: str
     error_code: str
     error_message: str
     retry_count: int
+
+    @property
+    def arguments(self) -> Any:
+        """The arguments as the ORM reads the JSON column (JSONField.from_db_value)."""
+        return json_value(self.arguments_text)
 
 
 def _input_text() -> Cast:
@@ -140,7 +149,8 @@ def read_conversation(conversation_id: int, since: datetime | None = None,
     calls = call_rows(LLMCall.objects.filter(bounded, conversation_id=conversation_id).order_by("started_at", "id")
                       .annotate(input_text=_input_text()).values_list(*CALL_FIELDS, "input_text"))
     tools = [ToolRow(*row) for row in ToolCall.objects.filter(span, conversation_id=conversation_id)
-             .order_by("started_at", "id").values_list("id", *TOOL_FIELDS)]
+             .order_by("started_at", "id").annotate(arguments_text=Cast("arguments", TextField()))
+             .values_list("id", *TOOL_FIELDS)]
     before = 0 if start is None else LLMCall.objects.filter(conversation_id=conversation_id,
                                                              started_at__lt=start).count()
     return ConversationRows(calls, tools, read_compressions(conversation_id, start), before)
@@ -151,31 +161,58 @@ def read_conversations(conversation_ids: Iterable[int]) -> Iterator[tuple[int, C
     three queries for them all, one per table. The LLM calls come in one query ordered by
     conversation and time, fetched CALL_ROWS_FETCHED rows at a time, and each conversation is
     yielded as soon as its calls are read, so only about one conversation's inputs are held at once
-    (its tool calls and compressions are read for all of them up front: they hold no digests)."""
+    (its tool calls and compressions are read for all of them up front: they hold no digests).
+
+    The queries are written here, not built by the ORM: for the finding counts of a chunk of
+    conversations, building three querysets and converting each value of each row cost as much as
+    the checks. The values read are those read_conversation reads: datetimes as sql.to_datetime
+    makes them, JSON columns as text."""
     ids = sorted(set(conversation_ids))
     if not ids:
         return
+    among = f"conversation_id IN ({sql.marks(ids)})"
     tools: dict[int, list[ToolRow]] = defaultdict(list)
-    for conversation_id, *columns in (ToolCall.objects.filter(conversation_id__in=ids)
-                                      .order_by("conversation_id", "started_at", "id")
-                                      .values_list("conversation_id", "id", *TOOL_FIELDS)):
-        tools[conversation_id].append(ToolRow(*columns))
+    for conversation_id, pk, round_id, llm_call_id, started_at, *rest in sql.fetch(
+            "SELECT conversation_id, id, round_id, llm_call_id, started_at, tool_name, tool_call_id, "
+            "CAST(arguments AS text), observation_tokens, success, error_type, error_code, error_message, retry_count "
+            f"FROM {sql.table(ToolCall)} WHERE {among} ORDER BY conversation_id, started_at, id", ids):
+        tools[conversation_id].append(ToolRow(pk, round_id, llm_call_id, sql.to_datetime(started_at), *rest))
     compressions: dict[int, list[tuple[datetime, int | None]]] = defaultdict(list)
-    for conversation_id, *event in (CompressionEvent.objects.filter(conversation_id__in=ids)
-                                    .values_list("conversation_id", "occurred_at", "llm_call_id")):
-        compressions[conversation_id].append(tuple(event))
-    rows = (LLMCall.objects.filter(conversation_id__in=ids).order_by("conversation_id", "started_at", "id")
-            .annotate(input_text=_input_text()).values_list("conversation_id", *CALL_FIELDS, "input_text")
-            .iterator(chunk_size=CALL_ROWS_FETCHED))
+    for conversation_id, occurred_at, llm_call_id in sql.fetch(
+            f"SELECT conversation_id, occurred_at, llm_call_id FROM {sql.table(CompressionEvent)} WHERE {among}", ids):
+        compressions[conversation_id].append((sql.to_datetime(occurred_at), llm_call_id))
+    rows = _fetched("SELECT conversation_id, id, started_at, input_tokens, round_id, model, context_tokens, "
+                    "context_window, CAST(output_digest AS text), CAST(input_digest AS text) "
+                    f"FROM {sql.table(LLMCall)} WHERE {among} ORDER BY conversation_id, started_at, id", ids)
     by_conversation = groupby(rows, key=itemgetter(0))
     group = next(by_conversation, None)
     for conversation_id in ids:
         calls: list[CallRow] = []
         if group is not None and group[0] == conversation_id:
-            calls = call_rows(row[1:] for row in group[1])
+            calls = call_rows((pk, sql.to_datetime(started_at), *rest) for _, pk, started_at, *rest in group[1])
             group = next(by_conversation, None)
         yield conversation_id, ConversationRows(calls, tools.pop(conversation_id, []),
                                                 Compressions.of(compressions.pop(conversation_id, ())))
+
+
+def _fetched(query: str, params: Sequence[Any]) -> Iterator[tuple]:
+    """The rows of `query`, fetched CALL_ROWS_FETCHED at a time (from a server-side cursor on
+    PostgreSQL, as the ORM's iterator() fetches them)."""
+    with connection.chunked_cursor() as cursor:
+        cursor.execute(query, params)
+        while batch := cursor.fetchmany(CALL_ROWS_FETCHED):
+            yield from batch
+
+
+def json_value(text: str | None) -> Any:
+    """A JSON column's value from its text, as JSONField.from_db_value reads it: text that is
+    not JSON reads as itself."""
+    if text is None:
+        return None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
 
 
 def call_rows(rows: Iterable[tuple]) -> list[CallRow]:

@@ -342,21 +342,16 @@ class _Checks:
     # --- tools ---------------------------------------------------------------------------
 
     def repeated_and_failing_tools(self) -> None:
-        same_call: dict[tuple, list[ToolRow]] = defaultdict(list)
+        same_tool: dict[tuple, list[ToolRow]] = defaultdict(list)
         same_error: dict[tuple, list[ToolRow]] = defaultdict(list)
         for tool in self.tools:
-            arguments = json.dumps(tool.arguments, sort_keys=True, ensure_ascii=False, default=str)
-            same_call[(tool.round_id, tool.tool_name, arguments)].append(tool)
+            same_tool[(tool.round_id, tool.tool_name)].append(tool)
             if not tool.success:
                 same_error[(tool.round_id, tool.tool_name, tool.error_type, tool.error_code,
                             tool.error_message)].append(tool)
-        for (_, name, arguments), tools in same_call.items():
-            if len(tools) >= REPEATED_CALLS:
-                shown = arguments if len(arguments) <= ARGUMENTS_SHOWN else arguments[:ARGUMENTS_SHOWN - 1] + "…"
-                self.add("repeated_tool_call",
-                         f"{_plain(name)} was called {len(tools)} times in one turn with the same arguments "
-                         f"{_plain(shown)}.",
-                         tools[REPEATED_CALLS - 1].started_at, tool=tools[REPEATED_CALLS - 1])
+        for (_, name), tools in same_tool.items():
+            if len(tools) >= REPEATED_CALLS:  # else no arguments can repeat: they are not decoded
+                self.repeated_calls(name, tools)
         for (_, name, error_type, error_code, error_message), tools in same_error.items():
             if len(tools) >= RETRY_STORM_FAILURES:
                 error = ": ".join(part for part in (error_type or error_code, error_message[:200]) if part)
@@ -366,6 +361,19 @@ class _Checks:
                          f"{_plain(name)} failed {len(tools)} times in one turn with the same error"
                          f"{f' ({_plain(error)})' if error else ''}{extra}.",
                          tools[RETRY_STORM_FAILURES - 1].started_at, tool=tools[RETRY_STORM_FAILURES - 1])
+
+    def repeated_calls(self, name: str, tools: list[ToolRow]) -> None:
+        """Calls of one tool in one turn (`tools`, in time order) that repeat the same arguments."""
+        same_call: dict[str, list[ToolRow]] = defaultdict(list)
+        for tool in tools:
+            same_call[json.dumps(tool.arguments, sort_keys=True, ensure_ascii=False, default=str)].append(tool)
+        for arguments, repeated in same_call.items():
+            if len(repeated) >= REPEATED_CALLS:
+                shown = arguments if len(arguments) <= ARGUMENTS_SHOWN else arguments[:ARGUMENTS_SHOWN - 1] + "…"
+                self.add("repeated_tool_call",
+                         f"{_plain(name)} was called {len(repeated)} times in one turn with the same arguments "
+                         f"{_plain(shown)}.",
+                         repeated[REPEATED_CALLS - 1].started_at, tool=repeated[REPEATED_CALLS - 1])
 
     def window_of(self, call: CallRow | None) -> int:
         model = (call.model if call is not None else "") or self.conversation.model

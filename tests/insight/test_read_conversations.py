@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import pytest
 from django.db import connection
+from django.db.models import TextField
+from django.db.models.functions import Cast
 from django.test.utils import CaptureQueriesContext
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
@@ -15,6 +17,7 @@ from pipeline.insight import conversation_rows, finding_counts
 from pipeline.insight.conversation_rows import read_conversations
 from pipeline.insight.findings import conversation_findings, finding_counts as counts_of, findings_of
 from pipeline.models import Conversation as ConversationRow
+from pipeline.models import ToolCall
 from tests.insight.agent_events import Conversation, assistant, ingest_client, result, system, user
 
 pytestmark = pytest.mark.django_db
@@ -143,3 +146,22 @@ def queries_to_count(conversations: int) -> int:
 
 def test_a_chunk_of_conversations_is_counted_in_the_same_queries_whatever_its_size():
     assert queries_to_count(2) == queries_to_count(12) == 4  # the stale ones, LLM calls, tool calls, compressions
+
+
+def test_repeated_calls_are_counted_by_their_arguments_decoded_not_by_their_text():
+    api = ingest_client()
+    asked = [{"q": "oslo", "days": 3}, {"days": 3, "q": "oslo"}, {"q": "oslo", "days": 3}, {"q": "bergen", "days": 3}]
+    conversation = build("reordered", ["orphan", "fail", "fail", "fail", "new_prompt"])
+    for n, arguments in enumerate(asked):  # one turn: the same arguments thrice, in two key orders
+        conversation.tool(f"forecast_{n}", "forecast", arguments, "Rain")
+    conversation.tool("other_0", "other", {"x": 1}, "ok").tool("other_1", "other", {"x": 2}, "ok")
+    conversation_id = conversation.send(api)
+    texts = ToolCall.objects.filter(tool_name="forecast").annotate(text=Cast("arguments", TextField()))
+    assert len(set(texts.values_list("text", flat=True))) == 3  # stored as sent: one repeat differs as text
+
+    [counted] = finding_counts.count_some()
+
+    expected = {"orphan_tool_result": 1, "repeated_tool_call": 2, "cache_break": 1, "system_prompt_changed": 1,
+                "retry_storm": 1}
+    assert counted.counts == counts_of(conversation_findings(ConversationRow.objects.get(pk=conversation_id)))
+    assert counted.counts == expected
