@@ -157,7 +157,8 @@ def test_repeated_calls_are_counted_by_their_arguments_decoded_not_by_their_text
     conversation.tool("other_0", "other", {"x": 1}, "ok").tool("other_1", "other", {"x": 2}, "ok")
     conversation_id = conversation.send(api)
     texts = ToolCall.objects.filter(tool_name="forecast").annotate(text=Cast("arguments", TextField()))
-    assert len(set(texts.values_list("text", flat=True))) == 3  # stored as sent: one repeat differs as text
+    # SQLite stores the text as sent, so one repeat differs as text; PostgreSQL's jsonb orders the keys itself
+    assert len(set(texts.values_list("text", flat=True))) == (3 if connection.vendor == "sqlite" else 2)
 
     [counted] = finding_counts.count_some()
 
