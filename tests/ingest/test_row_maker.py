@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 import pytest
+from django.db import models
 from django.db.models.signals import post_init
 
 from pipeline.ingest.write import sql
@@ -32,6 +33,7 @@ def test_a_made_row_is_the_row_the_constructor_makes(model):
     assert make is not model  # the fast path is taken for the ingest's models
     made, built = make(**VALUES[model]), model(**VALUES[model])
     assert _state(made) == _state(built)
+    assert list(vars(made)) == list(vars(built))  # the fields in the constructor's order too
     assert made.conversation_id == 3 and made.pk is None
     other = make(**VALUES[model])
     for name, value in vars(made).items():  # mutable defaults are fresh per row, as the constructor's
@@ -55,3 +57,14 @@ def test_a_model_with_an_init_receiver_is_built_by_its_constructor():
         assert sql.row_maker(ToolCall) is ToolCall
     finally:
         post_init.disconnect(receiver, sender=ToolCall)
+
+
+@pytest.mark.parametrize(("field", "constant"), [
+    (models.CharField(max_length=5), True),  # "" for every row
+    (models.IntegerField(null=True), True),  # None
+    (models.CharField(max_length=5, default="x"), True),  # the same object, as the constructor sets it
+    (models.JSONField(default=dict), False),  # a fresh dict per row
+    (models.IntegerField(db_default=1), False),  # a fresh DatabaseDefault per row
+])
+def test_only_a_default_that_is_one_value_is_read_once(field, constant):
+    assert sql._constant_default(field) is constant
