@@ -17,7 +17,9 @@ writers racing on PostgreSQL both end up with the same row, and only the writer 
 wrote it counts it in the rollups. A conversation is locked before it
 is read for widening (first write wins, times only widen, however requests interleave), and
 the traces of a batch are locked before their conversations are decided (`sql.lock_traces`),
-so a trace whose root and children arrive in concurrent requests is not split in two.
+so a trace whose root and children arrive in concurrent requests is not split in two. SQLite
+has one writer (BEGIN IMMEDIATE), so there the rows read by external id are already the latest
+and the new ones go in with one INSERT: no lock, no conflict to skip, no second read.
 """
 
 from __future__ import annotations
@@ -134,8 +136,11 @@ def resolve_conversations(
             target[trace_id] = named.get(trace_id, trace_id)
 
     wanted = sorted(set(target.values()))
-    ids = {c.external_id: c.id for c in _conversations_by_external_id(wanted).values()}
-    missing = set(wanted) - ids.keys()
+    # With one writer at a time (SQLite) nothing else writes between this read and the commit: the
+    # rows read here are the ones to widen, and the missing ones can be inserted without conflict.
+    one_writer = not connection.features.has_select_for_update
+    found = _conversations_by_external_id(wanted)
+    missing = set(wanted) - found.keys()
     created: set[int] = set()
     if missing:
         first: dict[str, Any] = {}
@@ -144,18 +149,22 @@ def resolve_conversations(
             if external in missing and (external not in first or started < first[external]):
                 first[external] = started
         new = [Conversation(external_id=e, started_at=first[e], last_activity_at=first[e]) for e in sorted(missing)]
-        # only the rows this insert wrote count in the rollups: a concurrent writer's were counted by it
-        inserted = sql.insert_new(Conversation, new, "external_id")
-        rollups.inserted(Conversation, [c for c in new if c.external_id in inserted])
+        if one_writer:  # one executemany; a conflict would be a bug, and raises
+            sql.insert_rows(Conversation, new)
+            rollups.inserted(Conversation, new)
+        else:  # only the rows this insert wrote count in the rollups: a concurrent writer's were counted by it
+            inserted = sql.insert_new(Conversation, new, "external_id")
+            rollups.inserted(Conversation, [c for c in new if c.external_id in inserted])
         fresh = _conversations_by_external_id(sorted(missing))
         created = {c.id for c in fresh.values()}
-        ids.update({e: c.id for e, c in fresh.items()})
+        found.update(fresh)
 
-    # Lock, then read: ids found above are only used to lock (a lookup by external id never waits).
-    found = _locked_conversations([*ids.values(), *merges.values()])
-    gone = set(wanted) - found.keys()
-    if gone:  # deleted (pruned) between the lookup and the lock: the transaction is retried
-        raise IntegrityError(f"conversations {sorted(gone)} vanished while being locked")
+    if not one_writer:
+        # Lock, then read: ids found above are only used to lock (a lookup by external id never waits).
+        found = _locked_conversations([*(c.id for c in found.values()), *merges.values()])
+        gone = set(wanted) - found.keys()
+        if gone:  # deleted (pruned) between the lookup and the lock: the transaction is retried
+            raise IntegrityError(f"conversations {sorted(gone)} vanished while being locked")
     folded: set[int] = set()
     for trace_id, placeholder_id in merges.items():
         folded |= merge_conversation(placeholder_id, found[target[trace_id]])
