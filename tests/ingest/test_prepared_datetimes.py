@@ -26,6 +26,7 @@ pytestmark = pytest.mark.django_db
     datetime(2025, 11, 22, 8, 30, 5, 1, tzinfo=ZoneInfo("UTC")),
     datetime(2025, 11, 22, 8, 30, 5, 1, tzinfo=timezone(timedelta(hours=2))),
     None,
+    type("Moment", (datetime,), {})(2025, 11, 22, 8, 30, 5, 7, tzinfo=UTC),  # a subclass, which orjson refuses
 ])
 def test_a_datetime_is_written_as_the_adapter_writes_it(value):
     assert Prepare().datetime(value) == connection.ops.adapt_datetimefield_value(value)

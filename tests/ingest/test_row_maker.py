@@ -66,5 +66,5 @@ def test_a_model_with_an_init_receiver_is_built_by_its_constructor():
     (models.JSONField(default=dict), False),  # a fresh dict per row
     (models.IntegerField(db_default=1), False),  # a fresh DatabaseDefault per row
 ])
-def test_only_a_default_that_is_one_value_is_read_once(field, constant):
+def test_a_default_that_is_one_value_for_every_row_is_told_from_one_made_per_row(field, constant):
     assert sql._constant_default(field) is constant

@@ -168,8 +168,8 @@ class Prepare:
 
     def datetime(self, value: datetime | None) -> Any:
         if self._utc_text and value is not None:  # what the SQLite adapter gives, minus zoneinfo
-            if value.tzinfo is UTC:  # the normaliser's datetimes: str(value) less its "+00:00", written by
-                # orjson 3x faster (its "T" between date and time is str()'s space)
+            if value.tzinfo is UTC and type(value) is datetime:  # the normaliser's: str(value) less its
+                # "+00:00", written by orjson 3x faster (its "T" is str()'s space; it refuses subclasses)
                 return orjson.dumps(value)[1:-7].decode().replace("T", " ")
             if value.utcoffset() == ZERO:
                 return str(value.replace(tzinfo=None))
