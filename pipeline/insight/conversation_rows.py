@@ -102,8 +102,8 @@ class ToolRow:
 
     @property
     def arguments(self) -> Any:
-        """The arguments as the ORM reads the JSON column (JSONField.from_db_value)."""
-        return json_value(self.arguments_text)
+        """The arguments as the ORM reads the JSON column: text that is not JSON reads as itself."""
+        return ToolCall._meta.get_field("arguments").from_db_value(self.arguments_text, None, connection)
 
 
 def _input_text() -> Cast:
@@ -202,17 +202,6 @@ def _fetched(query: str, params: Sequence[Any]) -> Iterator[tuple]:
         cursor.execute(query, params)
         while batch := cursor.fetchmany(CALL_ROWS_FETCHED):
             yield from batch
-
-
-def json_value(text: str | None) -> Any:
-    """A JSON column's value from its text, as JSONField.from_db_value reads it: text that is
-    not JSON reads as itself."""
-    if text is None:
-        return None
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError:
-        return text
 
 
 def call_rows(rows: Iterable[tuple]) -> list[CallRow]:
