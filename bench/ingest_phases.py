@@ -33,10 +33,11 @@ from trees import checkout, short  # noqa: E402
 PHASES = ("decode", "prepare", "store", "deferred", "findings")
 
 
-def run_here(spans: int, every: int, batch: int = 100) -> dict[str, float]:
-    """The phases' CPU per span (µs) of the code in the current directory's tree."""
+def run_here(spans: int, every: int, batch: int = 100, work: Path | None = None) -> dict[str, float]:
+    """The phases' CPU per span (µs) of the code in the current directory's tree; the database is
+    `work`/bench.sqlite3 (a new temporary directory when None), left there for the caller."""
     sys.path.insert(0, os.getcwd())
-    work = Path(tempfile.mkdtemp(prefix="ctxlens-bench-"))
+    work = work or Path(tempfile.mkdtemp(prefix="ctxlens-bench-"))
     os.environ.update(DJANGO_SETTINGS_MODULE="config.settings", DATABASE_URL=f"sqlite:///{work / 'bench.sqlite3'}",
                       CTXLENS_ARTIFACT_DIR=str(work / "artifacts"), LOG_LEVEL="WARNING")
     os.environ.pop("REDIS_URL", None)
