@@ -94,6 +94,12 @@ def test_an_earlier_call_that_answers_last_is_weighed_as_in_one_request():
     _split_equals_whole(first, [_tool(4, 150, "search", "call_A"), _chat(3, 300, 400, _says("Quick.")), root])
 
 
+def test_a_call_starting_with_a_stored_call_is_numbered_after_it():
+    first = [_chat(1, 0, 40, _asks("call_A", "search")), _chat(2, 100, 140, _says("Done."))]
+    whole = _split_equals_whole(first, [_chat(3, 100, 150, _says("Also done."))])  # starts as call 2 does
+    assert whole["steps"] == [(f"{1:016x}", 0), (f"{2:016x}", 1), (f"{3:016x}", 2)]
+
+
 def test_a_span_starting_with_a_stored_call_leaves_the_steps_as_they_are():
     first = [_chat(1, 0, 40, _asks("call_A", "search")), _chat(2, 100, 140, _says("Done."))]
     whole = _split_equals_whole(first, [_tool(3, 100, "search", "call_A")])  # starts as call 2 does

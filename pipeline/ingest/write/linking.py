@@ -64,14 +64,15 @@ def _rows_in(query: QuerySet, name: str, values: Iterable[Any]) -> list[Any]:
     return [row for chunk in sql.chunked(sorted(set(values)), IN_CHUNK) for row in query.filter(**{f"{name}__in": chunk})]
 
 
-def _in_round(
+def _select_in_round(
     model: type[LLMCall | ToolCall | ToolRequest], names: Sequence[str], round_id: int, where: str = "",
     params: Sequence[Any] = (), *, among: tuple[str, Iterable[Any]] | None = None, tail: str = "",
 ) -> list[tuple]:
-    """Raw rows (the columns `names`) of `model` in round `round_id` that match `where` (SQL whose
-    `%s` take `params`) and, with `among=(column, values)`, whose column holds one of the values:
-    IN_CHUNK values a query, and no query for none."""
-    query = f"SELECT {sql.columns(names)} FROM {sql.table(model)} WHERE round_id = %s" + (f" AND {where}" if where else "")
+    """Raw rows (tuples of the columns `names`) of `model` in round `round_id` that match `where`
+    (SQL whose `%s` take `params`) and, with `among=(column, values)`, whose column holds one of
+    the values: IN_CHUNK values a query, and no query for none."""
+    query = f"SELECT {sql.columns(names)} FROM {sql.table(model)} WHERE round_id = %s"
+    query += f" AND {where}" if where else ""
     if among is None:
         return sql.fetch(query + tail, [round_id, *params])
     column, values = among
@@ -80,11 +81,13 @@ def _in_round(
                                  [round_id, *params, *chunk])]
 
 
-def _calls(rows: Sequence[Sequence[Any]]) -> list[LLMCall]:
+def _as_calls(rows: Sequence[Sequence[Any]]) -> list[LLMCall]:
+    """LLMCall instances (LLM_FIELDS loaded) of raw rows of those columns."""
     return sql.instances(LLMCall, LLM_FIELDS, rows)
 
 
-def _tools(rows: Sequence[Sequence[Any]]) -> list[ToolCall]:
+def _as_tools(rows: Sequence[Sequence[Any]]) -> list[ToolCall]:
+    """ToolCall instances (TOOL_FIELDS loaded) of raw rows of those columns."""
     return sql.instances(ToolCall, TOOL_FIELDS, rows)
 
 
@@ -155,44 +158,47 @@ class RoundRows:
         return rows
 
     def _read_round(self, round_id: int, since: datetime, new_llm: list[LLMCall], new_tools: list[ToolCall]) -> None:
-        # Up to eleven reads for each stored round a batch adds to: written out (`_in_round`), as
+        # Up to eleven reads for each stored round a batch adds to, written out (`_select_in_round`):
         # compiling them through the ORM cost more than running them. No ORDER BY unless needed,
         # so each read takes the index that finds its rows.
         at = connection.ops.adapt_datetimefield_value(since)  # as the ORM passes a datetime lookup
-        self.llm[round_id] = _calls(_in_round(LLMCall, LLM_FIELDS, round_id, "started_at >= %s", [at]))
-        before = _calls(_in_round(LLMCall, LLM_FIELDS, round_id, "started_at < %s", [at],
-                                  tail=" ORDER BY started_at DESC, span_id DESC LIMIT 1"))
+        self.llm[round_id] = _as_calls(_select_in_round(LLMCall, LLM_FIELDS, round_id, "started_at >= %s", [at]))
+        before = _as_calls(_select_in_round(LLMCall, LLM_FIELDS, round_id, "started_at < %s", [at],
+                                            tail=" ORDER BY started_at DESC, span_id DESC LIMIT 1"))
         self.first_step[round_id] = before[0].step + 1 if before else 0  # steps before `since` are 0..n-1
         self.context[round_id] = before
 
         asked = set().union(*(_requested_ids(c) for c in new_llm))
         answered = {str(i)[:ID_LENGTH] for c in new_llm for i in tool_responses_of(c.input_messages or [])}
-        self.tools[round_id] = _unique(_tools([
-            *_in_round(ToolCall, TOOL_FIELDS, round_id, "started_at >= %s", [at]),
-            *_in_round(ToolCall, TOOL_FIELDS, round_id, "llm_call_id IS NULL"),
-            *_in_round(ToolCall, TOOL_FIELDS, round_id, among=("tool_call_id", asked)),
+        self.tools[round_id] = _unique(_as_tools([
+            *_select_in_round(ToolCall, TOOL_FIELDS, round_id, "started_at >= %s", [at]),
+            *_select_in_round(ToolCall, TOOL_FIELDS, round_id, "llm_call_id IS NULL"),
+            *_select_in_round(ToolCall, TOOL_FIELDS, round_id, among=("tool_call_id", asked)),
             # results a new input holds
-            *_in_round(ToolCall, TOOL_FIELDS, round_id, "observation = %s", [""], among=("tool_call_id", answered)),
+            *_select_in_round(ToolCall, TOOL_FIELDS, round_id, "observation = %s", [""],
+                              among=("tool_call_id", answered)),
         ]))
 
         loaded = {c.pk for c in (*self.llm[round_id], *before)}
         linked = [*self.tools[round_id], *new_tools]
         ids = {t.tool_call_id for t in linked if t.tool_call_id}
-        requesters = {pk for (pk,) in _in_round(ToolRequest, ["llm_call_id"], round_id, among=("tool_call_id", ids))}
-        self.context[round_id] += _calls(_in_round(LLMCall, LLM_FIELDS, round_id, among=("id", requesters - loaded)))
+        requesters = {pk for (pk,) in _select_in_round(ToolRequest, ["llm_call_id"], round_id,
+                                                       among=("tool_call_id", ids))}
+        self.context[round_id] += _as_calls(_select_in_round(LLMCall, LLM_FIELDS, round_id,
+                                                             among=("id", requesters - loaded)))
         known = asked.union(*(_requested_ids(c) for c in (*self.llm[round_id], *self.context[round_id])))
         names = {t.tool_name for t in linked if not (t.tool_call_id and t.tool_call_id in known)}
         # tools not requested by id take an unclaimed request of their name
         unclaimed = (f"NOT EXISTS (SELECT 1 FROM {sql.table(ToolCall)} t WHERE t.round_id = %s "
                      f"AND t.tool_call_id = {sql.table(ToolRequest)}.tool_call_id)")
-        offering = {pk for (pk,) in _in_round(ToolRequest, ["llm_call_id"], round_id, unclaimed, [round_id],
-                                              among=("name", names))}
+        offering = {pk for (pk,) in _select_in_round(ToolRequest, ["llm_call_id"], round_id, unclaimed, [round_id],
+                                                     among=("name", names))}
         offering -= loaded | {c.pk for c in self.context[round_id]}
-        self.context[round_id] += _calls(_in_round(LLMCall, LLM_FIELDS, round_id, among=("id", offering)))
+        self.context[round_id] += _as_calls(_select_in_round(LLMCall, LLM_FIELDS, round_id, among=("id", offering)))
         offered = set().union(*(_requested_ids(c) for c in (*self.llm[round_id], *self.context[round_id])))
         if offered:
             self.claimed[round_id] = {
-                i for (i,) in _in_round(ToolCall, ["tool_call_id"], round_id, among=("tool_call_id", offered))}
+                i for (i,) in _select_in_round(ToolCall, ["tool_call_id"], round_id, among=("tool_call_id", offered))}
 
     def add(self, llm: Iterable[LLMCall], tools: Iterable[ToolCall]) -> None:
         for call in llm:
@@ -255,8 +261,8 @@ class RoundRows:
 def _answering_calls(round_id: int, loaded: set[int]) -> list[LLMCall]:
     """The round's other stored calls that may hold an answer: those that ask for no tool."""
     asks_none = f"NOT EXISTS (SELECT 1 FROM {sql.table(ToolRequest)} r WHERE r.llm_call_id = {sql.table(LLMCall)}.id)"
-    answering = {pk for (pk,) in _in_round(LLMCall, ["id"], round_id, asks_none)}
-    return _calls(_in_round(LLMCall, LLM_FIELDS, round_id, among=("id", answering - loaded)))
+    answering = {pk for (pk,) in _select_in_round(LLMCall, ["id"], round_id, asks_none)}
+    return _as_calls(_select_in_round(LLMCall, LLM_FIELDS, round_id, among=("id", answering - loaded)))
 
 
 def save_requests(calls: Iterable[LLMCall], *, replace: bool = False) -> None:
