@@ -1,23 +1,28 @@
-"""The native floor of ingest: CPU per span that storing the standard load costs with no Python at all.
+"""The native floor of ingest: the CPU per span that storing the standard load costs in C alone.
 
 ctxlens stores the team's standard load (../shared/bench/otlp_load.py, or CTXLENS_OTLP_LOAD) in
 this process on a throw-away SQLite database, phase by phase as bench/ingest_phases.py does. Then,
 on this machine and in the same run, the work that any implementation storing the same rows must
-do is timed alone, each part in C with one Python call per statement or text:
+do is timed alone, each part in C behind one Python call per request, statement or text:
 
 - protobuf: parsing the request bodies (upb), before any attribute is read;
-- tokens: counting each tool observation with the encoding of the model its call was linked to
-  (tiktoken), as ctxlens counts it;
-- SQLite: the rows ctxlens stored (spans, calls, rounds, conversations, rollups, …) inserted into
-  an empty copy of the same schema, with the same indexes, by `INSERT … SELECT` from the stored
-  database, one transaction per request's share of every table, in WAL mode with
+- tokens: counting each stored tool observation whole with the encoding of the model its call was
+  linked to (tiktoken), as ctxlens counts the standard load's (its observations are far below
+  the length past which ctxlens estimates instead; its LLM spans carry their usage);
+- SQLite: the rows ctxlens stored (spans, calls, rounds, conversations, rollups, …), read out
+  first, then inserted into an empty copy of the same schema (every index, partial ones too) with
+  one executemany per table and request, in the transactions ctxlens stored them in (the rows each
+  request's transaction left), in WAL mode with
   `synchronous=NORMAL` as the server runs; split into the inserts, the commits (writing the WAL)
-  and a passive checkpoint every `--checkpoint-every` transactions (the server checkpoints once a
-  second, about every 20 requests at the standard load's rate).
+  and a passive checkpoint every `--checkpoint-every` transactions and at the end (the server
+  checkpoints once a second, about every 20 requests at the standard load's rate).
 
-It is a lower bound: every row goes in once in its final form (ingest inserts rounds and
-conversations, then updates them), nothing is looked up, and no HTTP, decoding into Python
-objects, normalising or linking is counted. bench/ingest.py prints what the server spends.
+It is a lower bound for ctxlens's rows and schema, not for any design: every row goes in once in
+its final form (ingest inserts rounds and conversations, then updates them), nothing is looked up,
+foreign keys are not checked (Django's connections check them: rows a later request moved to a
+conversation it created would fail the replay; a review measured the check at about 1.5 µs per
+span), and no HTTP, decoding into Python objects, normalising or linking is counted. bench/ingest.py
+prints what the server spends.
 
     .venv/bin/python bench/ingest_floor.py [--spans 10000] [--batch 100] [--checkpoint-every 20]
 """
@@ -25,10 +30,12 @@ objects, normalising or linking is counted. bench/ingest.py prints what the serv
 from __future__ import annotations
 
 import argparse
+import shutil
 import sqlite3
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -37,10 +44,22 @@ from ingest_phases import PHASES, run_here  # noqa: E402
 
 sys.path.insert(0, str(ROOT))  # before bench/: bench/pipeline.py is a script, not the package
 
+Slices = list[dict[str, tuple[int, int]]]  # per request: table -> (first rowid, last rowid) it inserted
+
+
+def parsing(bodies: list[bytes]) -> float:
+    """CPU seconds to parse the request bodies into protobuf messages."""
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+    began = time.thread_time()
+    for body in bodies:
+        ExportTraceServiceRequest.FromString(body)
+    return time.thread_time() - began
+
 
 def tokenizing(database: Path) -> float:
-    """CPU seconds to count every stored tool observation as ctxlens does: the encoding of the
-    model of the LLM call the tool was linked to (none: the default model's)."""
+    """CPU seconds to count every stored tool observation as ctxlens counts the standard load's: the
+    encoding of the model of the LLM call the tool was linked to (none: the default model's)."""
     from pipeline.tokens.counting import model_profile
     from pipeline.tokens.encodings import tiktoken_encoding
 
@@ -54,57 +73,71 @@ def tokenizing(database: Path) -> float:
     return time.thread_time() - began
 
 
-def parsing(bodies: list[bytes]) -> float:
-    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+def slice_recorder(database: Path) -> tuple[Slices, Callable[[], None]]:
+    """A list of each request's inserted rowid ranges, and the function that appends the next
+    request's (called after each ingest transaction)."""
+    slices: Slices = []
+    last: dict[str, int] = {}
 
-    began = time.thread_time()
-    for body in bodies:
-        ExportTraceServiceRequest.FromString(body)
-    return time.thread_time() - began
+    def record() -> None:
+        with sqlite3.connect(database) as db:
+            tables = [t for (t,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'table' "
+                                               "AND name LIKE 'pipeline_%'")]
+            now = {t: db.execute(f'SELECT COALESCE(MAX(rowid), 0) FROM "{t}"').fetchone()[0] for t in tables}
+        slices.append({t: (last.get(t, 0) + 1, top) for t, top in now.items() if top > last.get(t, 0)})
+        last.update(now)
+
+    return slices, record
 
 
-def inserting(stored: Path, empty: Path, transactions: int, checkpoint_every: int) -> dict[str, float]:
-    """CPU seconds of SQLite alone putting the stored rows into `empty` (a new database with the
-    same schema): the inserts, the commits and the checkpoints."""
+def empty_copy(stored: Path, empty: Path) -> sqlite3.Connection:
+    """A connection to a new database with `stored`'s schema, set up as the server's writer is."""
     with sqlite3.connect(stored) as db:
         schema = [sql for (sql,) in db.execute(
             "SELECT sql FROM sqlite_master WHERE sql IS NOT NULL AND name NOT LIKE 'sqlite_%' "
             "ORDER BY type = 'index'")]  # tables first
-        tables = [name for (name,) in db.execute(
-            "SELECT name FROM sqlite_master WHERE type = 'table' AND name LIKE 'pipeline_%'")]
-        rowids = {t: [r for (r,) in db.execute(f'SELECT rowid FROM "{t}" ORDER BY rowid')] for t in tables}
     out = sqlite3.connect(empty, isolation_level=None)
-    out.execute("PRAGMA journal_mode=WAL")
-    out.execute("PRAGMA synchronous=NORMAL")
-    out.execute("PRAGMA wal_autocheckpoint=0")  # the server checkpoints itself, off the commit
+    for pragma in ("journal_mode=WAL", "synchronous=NORMAL",
+                   "wal_autocheckpoint=0"):  # the server checkpoints itself, off the commit
+        out.execute(f"PRAGMA {pragma}")
     for sql in schema:
         out.execute(sql)
-    out.execute("ATTACH DATABASE ? AS stored", (str(stored),))
-    # Each transaction takes its share of every table, in stored order, by rowid range.
-    statements = []
-    for i in range(transactions):
-        batch = []
-        for table, ids in rowids.items():
-            lo, hi = len(ids) * i // transactions, len(ids) * (i + 1) // transactions
-            if hi > lo:
-                batch.append((f'INSERT INTO main."{table}" SELECT * FROM stored."{table}" WHERE rowid BETWEEN ? AND ?',
-                              (ids[lo], ids[hi - 1])))
-        statements.append(batch)
+    return out
+
+
+def request_rows(stored: Path, slices: Slices) -> list[list[tuple[str, list[tuple]]]]:
+    """Per request, (INSERT statement, rows) for each table it inserted into, read out of `stored`."""
+    out = []
+    with sqlite3.connect(stored) as db:
+        for request in slices:
+            statements = []
+            for table, (first, last) in request.items():
+                rows = db.execute(f'SELECT * FROM "{table}" WHERE rowid BETWEEN ? AND ?', (first, last)).fetchall()
+                if rows:
+                    marks = ", ".join("?" * len(rows[0]))
+                    statements.append((f'INSERT INTO "{table}" VALUES ({marks})', rows))
+            out.append(statements)
+    return out
+
+
+def inserting(out: sqlite3.Connection, requests: list[list[tuple[str, list[tuple]]]],
+              checkpoint_every: int) -> dict[str, float]:
+    """CPU seconds of SQLite putting each request's rows in, in a transaction per request: the
+    inserts, the commits and the checkpoints."""
     cpu = dict.fromkeys(("inserts", "commits", "checkpoints"), 0.0)
 
-    def timed(part: str, sql: str, params: tuple = ()) -> None:
+    def timed(part: str, run) -> None:
         began = time.thread_time()
-        out.execute(sql, params).fetchall()
+        run()
         cpu[part] += time.thread_time() - began
 
-    for i, batch in enumerate(statements):
-        timed("commits", "BEGIN IMMEDIATE")
-        for sql, params in batch:
-            timed("inserts", sql, params)
-        timed("commits", "COMMIT")
-        if (i + 1) % checkpoint_every == 0:
-            timed("checkpoints", "PRAGMA main.wal_checkpoint(PASSIVE)")
-    out.close()
+    for i, statements in enumerate(requests):
+        timed("commits", lambda: out.execute("BEGIN IMMEDIATE"))
+        for sql, rows in statements:
+            timed("inserts", lambda: out.executemany(sql, rows))
+        timed("commits", lambda: out.execute("COMMIT"))
+        if (i + 1) % checkpoint_every == 0 or i == len(requests) - 1:
+            timed("checkpoints", lambda: out.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall())
     return cpu
 
 
@@ -116,25 +149,31 @@ def main() -> int:
     parser.add_argument("--checkpoint-every", type=int, default=20, help="transactions between WAL checkpoints")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="ctxlens-bench-"))
-    ctxlens = run_here(args.spans, args.every, args.batch, work=work)
+    try:
+        stored = work / "bench.sqlite3"
+        slices, record = slice_recorder(stored)
+        ctxlens = run_here(args.spans, args.every, args.batch, work=work, after_request=record)
+        from django.db import connections
 
-    from django.db import connections
+        connections.close_all()
+        from ingest import load_generator  # bench/ingest.py: the load generator beside the repository
 
-    connections.close_all()
-    from ingest import load_generator  # bench/ingest.py: the load generator beside the repository
-
-    bodies = [r.SerializeToString() for r in load_generator().build_requests(args.spans, args.batch, run_id="floor")]
-    per_span = 1e6 / args.spans
-    floor = {"protobuf parse (upb)": parsing(bodies) * per_span,
-             "tokenizing tool observations (tiktoken)": tokenizing(work / "bench.sqlite3") * per_span}
-    sqlite_cpu = inserting(work / "bench.sqlite3", work / "floor.sqlite3", len(bodies), args.checkpoint_every)
-    floor |= {f"SQLite {part}, the same rows": seconds * per_span for part, seconds in sqlite_cpu.items()}
-    total = sum(floor.values())
-    done = sum(ctxlens.values())
+        bodies = [r.SerializeToString() for r in load_generator().build_requests(args.spans, args.batch,
+                                                                                 run_id="floor")]
+        per_span = 1e6 / args.spans
+        floor = {"protobuf parse (upb)": parsing(bodies) * per_span,
+                 "tokenizing tool observations (tiktoken)": tokenizing(stored) * per_span}
+        out = empty_copy(stored, work / "floor.sqlite3")
+        sqlite_cpu = inserting(out, request_rows(stored, slices), args.checkpoint_every)
+        out.close()
+        floor |= {f"SQLite {part}, the same rows": seconds * per_span for part, seconds in sqlite_cpu.items()}
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    total, done = sum(floor.values()), sum(ctxlens.values())
 
     print(f"CPU per span (µs), {args.spans} spans of the standard load in requests of {args.batch}, "
           f"SQLite {sqlite3.sqlite_version}, one process")
-    print("native floor (no Python around it)")
+    print("native floor (C behind one Python call per request, statement or text)")
     for part, micros in floor.items():
         print(f"  {part:42}{micros:8.1f}")
     print(f"  {'floor':42}{total:8.1f}")

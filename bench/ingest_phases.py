@@ -24,6 +24,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -33,9 +34,11 @@ from trees import checkout, short  # noqa: E402
 PHASES = ("decode", "prepare", "store", "deferred", "findings")
 
 
-def run_here(spans: int, every: int, batch: int = 100, work: Path | None = None) -> dict[str, float]:
+def run_here(spans: int, every: int, batch: int = 100, work: Path | None = None,
+             after_request: Callable[[], None] | None = None) -> dict[str, float]:
     """The phases' CPU per span (µs) of the code in the current directory's tree; the database is
-    `work`/bench.sqlite3 (a new temporary directory when None), left there for the caller."""
+    `work`/bench.sqlite3 (a new temporary directory when None), left there for the caller, who may
+    also look at it after each request's transaction (`after_request`, not timed)."""
     sys.path.insert(0, os.getcwd())
     work = work or Path(tempfile.mkdtemp(prefix="ctxlens-bench-"))
     os.environ.update(DJANGO_SETTINGS_MODULE="config.settings", DATABASE_URL=f"sqlite:///{work / 'bench.sqlite3'}",
@@ -70,6 +73,8 @@ def run_here(spans: int, every: int, batch: int = 100, work: Path | None = None)
         records = timed("decode", lambda: otlp.decode_traces_protobuf(body).spans)
         batch = timed("prepare", lambda: prepare_spans(records))
         timed("store", lambda: store_prepared(batch))
+        if after_request:
+            after_request()
         if (i + 1) % every == 0 or i == len(bodies) - 1:
             timed("deferred", deferred.complete_pending)
             timed("findings", finding_counts.refresh_stale)
