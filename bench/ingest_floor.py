@@ -12,10 +12,10 @@ do is timed alone, each part in C behind one Python call per request, statement 
 - SQLite: the rows ctxlens stored (spans, calls, rounds, conversations, rollups, …), read out
   first, then inserted into an empty copy of the same schema (every index, partial ones too) with
   one executemany per table and request, in the transactions ctxlens stored them in (the rows each
-  request's transaction left), in WAL mode with
-  `synchronous=NORMAL` as the server runs; split into the inserts, the commits (writing the WAL)
-  and a passive checkpoint every `--checkpoint-every` transactions and at the end (the server
-  checkpoints once a second, about every 20 requests at the standard load's rate).
+  request's transaction left), in WAL mode with `synchronous=NORMAL` as the server runs; split
+  into the inserts, the commits (writing the WAL) and a passive checkpoint every
+  `--checkpoint-every` transactions and at the end (the server checkpoints once a second, about
+  every 20 requests at the standard load's rate).
 
 It is a lower bound for ctxlens's rows and schema, not for any design: every row goes in once in
 its final form (ingest inserts rounds and conversations, then updates them), nothing is looked up,

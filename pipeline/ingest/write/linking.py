@@ -81,14 +81,9 @@ def _select_in_round(
                                  [round_id, *params, *chunk])]
 
 
-def _as_calls(rows: Sequence[Sequence[Any]]) -> list[LLMCall]:
-    """LLMCall instances (LLM_FIELDS loaded) of raw rows of those columns."""
-    return sql.instances(LLMCall, LLM_FIELDS, rows)
-
-
-def _as_tools(rows: Sequence[Sequence[Any]]) -> list[ToolCall]:
-    """ToolCall instances (TOOL_FIELDS loaded) of raw rows of those columns."""
-    return sql.instances(ToolCall, TOOL_FIELDS, rows)
+def _calls_in_round(round_id: int, where: str = "", params: Sequence[Any] = (), **options: Any) -> list[LLMCall]:
+    """`_select_in_round` of LLMCall, as instances with LLM_FIELDS loaded."""
+    return sql.instances(LLMCall, LLM_FIELDS, _select_in_round(LLMCall, LLM_FIELDS, round_id, where, params, **options))
 
 
 def _in_rounds(model: type[LLMCall | ToolCall], names: Sequence[str], round_ids: Iterable[int]) -> list:
@@ -162,15 +157,15 @@ class RoundRows:
         # compiling them through the ORM cost more than running them. No ORDER BY unless needed,
         # so each read takes the index that finds its rows.
         at = connection.ops.adapt_datetimefield_value(since)  # as the ORM passes a datetime lookup
-        self.llm[round_id] = _as_calls(_select_in_round(LLMCall, LLM_FIELDS, round_id, "started_at >= %s", [at]))
-        before = _as_calls(_select_in_round(LLMCall, LLM_FIELDS, round_id, "started_at < %s", [at],
-                                            tail=" ORDER BY started_at DESC, span_id DESC LIMIT 1"))
+        self.llm[round_id] = _calls_in_round(round_id, "started_at >= %s", [at])
+        before = _calls_in_round(round_id, "started_at < %s", [at],
+                                 tail=" ORDER BY started_at DESC, span_id DESC LIMIT 1")
         self.first_step[round_id] = before[0].step + 1 if before else 0  # steps before `since` are 0..n-1
         self.context[round_id] = before
 
         asked = set().union(*(_requested_ids(c) for c in new_llm))
         answered = {str(i)[:ID_LENGTH] for c in new_llm for i in tool_responses_of(c.input_messages or [])}
-        self.tools[round_id] = _unique(_as_tools([
+        self.tools[round_id] = _unique(sql.instances(ToolCall, TOOL_FIELDS, [
             *_select_in_round(ToolCall, TOOL_FIELDS, round_id, "started_at >= %s", [at]),
             *_select_in_round(ToolCall, TOOL_FIELDS, round_id, "llm_call_id IS NULL"),
             *_select_in_round(ToolCall, TOOL_FIELDS, round_id, among=("tool_call_id", asked)),
@@ -184,8 +179,7 @@ class RoundRows:
         ids = {t.tool_call_id for t in linked if t.tool_call_id}
         requesters = {pk for (pk,) in _select_in_round(ToolRequest, ["llm_call_id"], round_id,
                                                        among=("tool_call_id", ids))}
-        self.context[round_id] += _as_calls(_select_in_round(LLMCall, LLM_FIELDS, round_id,
-                                                             among=("id", requesters - loaded)))
+        self.context[round_id] += _calls_in_round(round_id, among=("id", requesters - loaded))
         known = asked.union(*(_requested_ids(c) for c in (*self.llm[round_id], *self.context[round_id])))
         names = {t.tool_name for t in linked if not (t.tool_call_id and t.tool_call_id in known)}
         # tools not requested by id take an unclaimed request of their name
@@ -194,7 +188,7 @@ class RoundRows:
         offering = {pk for (pk,) in _select_in_round(ToolRequest, ["llm_call_id"], round_id, unclaimed, [round_id],
                                                      among=("name", names))}
         offering -= loaded | {c.pk for c in self.context[round_id]}
-        self.context[round_id] += _as_calls(_select_in_round(LLMCall, LLM_FIELDS, round_id, among=("id", offering)))
+        self.context[round_id] += _calls_in_round(round_id, among=("id", offering))
         offered = set().union(*(_requested_ids(c) for c in (*self.llm[round_id], *self.context[round_id])))
         if offered:
             self.claimed[round_id] = {
@@ -262,7 +256,7 @@ def _answering_calls(round_id: int, loaded: set[int]) -> list[LLMCall]:
     """The round's other stored calls that may hold an answer: those that ask for no tool."""
     asks_none = f"NOT EXISTS (SELECT 1 FROM {sql.table(ToolRequest)} r WHERE r.llm_call_id = {sql.table(LLMCall)}.id)"
     answering = {pk for (pk,) in _select_in_round(LLMCall, ["id"], round_id, asks_none)}
-    return _as_calls(_select_in_round(LLMCall, LLM_FIELDS, round_id, among=("id", answering - loaded)))
+    return _calls_in_round(round_id, among=("id", answering - loaded))
 
 
 def save_requests(calls: Iterable[LLMCall], *, replace: bool = False) -> None:
