@@ -123,6 +123,8 @@ if DATABASE_REPLICA_URL:
     DATABASE_ROUTERS = ["dashboard.replica.ReplicaRouter"]
     MIDDLEWARE.insert(1, "dashboard.replica.ReplicaReadsMiddleware")
 if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
+    if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+        DATABASES["default"]["ENGINE"] = "config.sqlite3"  # Django's, its statements' placeholders converted once
     DATABASES["default"]["OPTIONS"] = {**SQLITE_OPTIONS, **DATABASES["default"].get("OPTIONS", {})}
     # A file, not memory, so a live server in another process shares it; the pid keeps test
     # runs that happen at once from sharing one file.
