@@ -53,6 +53,15 @@ def fresh_cache() -> None:
 
 
 @pytest.fixture(autouse=True)
+def no_recent_calls() -> None:
+    """Every test starts as a new process would: without the LLM spans earlier tests' batches
+    showed the up-front tool counting (pipeline.ingest.write.precount.recent_calls)."""
+    from pipeline.ingest.write.precount import recent_calls
+
+    recent_calls.clear()
+
+
+@pytest.fixture(autouse=True)
 def no_periodic_artifact_cleanup(settings) -> None:
     """The server's periodic artifact cleanup (pipeline.artifacts.periodic) would delete, on a
     background thread, the expired artifacts and orphan files tests create on purpose: off unless

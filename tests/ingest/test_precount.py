@@ -10,8 +10,8 @@ import pytest
 
 from pipeline.ingest.records import LogRecord, SpanRecord
 from pipeline.ingest.write import deferred
-from pipeline.ingest.write.precount import MAX_PRECOUNT_CHARS, count_observation
-from pipeline.ingest.write.store import store_spans
+from pipeline.ingest.write.precount import MAX_PRECOUNT_CHARS, RecentCalls, count_observation, recent_calls
+from pipeline.ingest.write.store import prepare_spans, store_spans
 from pipeline.models import ToolCall
 from pipeline.tokens.counting import MAX_EXACT_CHARS
 
@@ -58,26 +58,74 @@ def test_an_observation_counted_up_front_equals_its_deferred_count(model, observ
     store_spans([_chat("a" * 32, "00000000000000c1", 1, model), _tool("a" * 32, "00000000000000d1", 3, observation)])
     up_front = ToolCall.objects.get(trace_id="a" * 32)
     assert not up_front.tokens_pending
-    # the same tool span in a batch of its own, after its chat: counted by the deferred run
+    # the same tool span in a batch of its own, after its chat (as an agent exporting spans as
+    # they end sends it): counted up front for the chat this process saw
     store_spans([_chat("b" * 32, "00000000000000c2", 1, model)])
     store_spans([_tool("b" * 32, "00000000000000d2", 3, observation)])
-    assert ToolCall.objects.get(trace_id="b" * 32).tokens_pending
+    trickled = ToolCall.objects.get(trace_id="b" * 32)
+    assert not trickled.tokens_pending
+    # and where the chat went to another worker: counted by the deferred run
+    store_spans([_chat("e" * 32, "00000000000000c3", 1, model)])
+    recent_calls.clear()
+    store_spans([_tool("e" * 32, "00000000000000d3", 3, observation)])
+    assert ToolCall.objects.get(trace_id="e" * 32).tokens_pending
     deferred.complete_pending()
-    later = ToolCall.objects.get(trace_id="b" * 32)
+    later = ToolCall.objects.get(trace_id="e" * 32)
     assert not later.tokens_pending
-    assert _counts(up_front) == _counts(later) == count_observation(observation, model)
+    assert _counts(up_front) == _counts(trickled) == _counts(later) == count_observation(observation, model)
     assert up_front.observation_tokens > 0 and not up_front.tokens_estimated
 
 
-def test_a_tool_the_linking_gives_to_a_stored_call_of_another_model_is_counted_for_that_model():
-    """The batch's only earlier chat is gpt-4o, but the tool's call id was requested by a claude
-    call stored before: the up-front guess (gpt-4o) is not used, the deferred run counts for claude."""
-    trace, observation = "c" * 32, OBSERVATIONS["short"]
-    store_spans([_chat(trace, "00000000000000c1", 1, "claude-3-5-sonnet-20241022", requested=["call_x"])])
-    store_spans([_chat(trace, "00000000000000c2", 3, "gpt-4o"), _tool(trace, "00000000000000d1", 5, observation, "call_x")])
+def test_a_tool_sent_after_its_chat_is_linked_to_it_and_counted_up_front_for_its_model():
+    """Chats of two encodings in earlier batches; the tool alone in a later one, its call id
+    requested by the first: counted up front for that chat's model, not the latest one's."""
+    trace, observation, claude = "5" * 32, OBSERVATIONS["short"], "claude-3-5-sonnet-20241022"
+    store_spans([_chat(trace, "00000000000000c1", 1, claude, requested=["call_r"])])
+    store_spans([_chat(trace, "00000000000000c2", 3, "gpt-4o")])
+    store_spans([_tool(trace, "00000000000000d1", 5, observation, "call_r")])
+    tool = ToolCall.objects.get()
+    assert tool.llm_call.span_id == "00000000000000c1"
+    assert not tool.tokens_pending
+    assert _counts(tool) == count_observation(observation, claude) != count_observation(observation, "gpt-4o")
+
+
+def test_a_tool_sent_alone_and_linked_to_another_stored_call_than_guessed_waits_for_the_deferred_run():
+    """No call id: the guess is the round's latest chat seen (gpt-4o), but linking gives the tool
+    to the stored claude call that asked for a tool of its name; the guess's count, made for
+    another encoding, is not kept, and the deferred run counts for claude."""
+    trace, observation, claude = "6" * 32, OBSERVATIONS["short"], "claude-3-5-sonnet-20241022"
+    store_spans([_chat(trace, "00000000000000c1", 1, claude, requested=["call_s"]),
+                 _chat(trace, "00000000000000c2", 3, "gpt-4o")])
+    store_spans([_tool(trace, "00000000000000d1", 5, observation)])
     tool = ToolCall.objects.get()
     assert tool.llm_call.span_id == "00000000000000c1"
     assert tool.tokens_pending
+    deferred.complete_pending()
+    tool.refresh_from_db()
+    assert _counts(tool) == count_observation(observation, claude) != count_observation(observation, "gpt-4o")
+
+
+def test_recent_calls_forget_everything_past_their_size():
+    calls = RecentCalls(size=2)
+    for i in range(3):
+        calls.add([prepare_spans([_chat(f"{i + 1}" * 32, "00000000000000c1", 1, "gpt-4o", requested=[f"call_{i}"])])
+                   .spans[0]])
+    assert [(trace, seen.requested) for (trace, _), seen in calls.rounds.items()] == [("3" * 32, {"call_2": "gpt-4o"})]
+
+
+@pytest.mark.parametrize("seen_here", [True, False], ids=["claude seen by this process", "by another worker"])
+def test_a_tool_the_linking_gives_to_a_stored_call_of_another_model_is_counted_for_that_model(seen_here):
+    """The batch's only earlier chat is gpt-4o, but the tool's call id was requested by a claude
+    call stored before. Where this process prepared that call, the tool is counted up front for
+    claude; elsewhere the guess (gpt-4o) is not used, and the deferred run counts for claude."""
+    trace, observation = "c" * 32, OBSERVATIONS["short"]
+    store_spans([_chat(trace, "00000000000000c1", 1, "claude-3-5-sonnet-20241022", requested=["call_x"])])
+    if not seen_here:
+        recent_calls.clear()
+    store_spans([_chat(trace, "00000000000000c2", 3, "gpt-4o"), _tool(trace, "00000000000000d1", 5, observation, "call_x")])
+    tool = ToolCall.objects.get()
+    assert tool.llm_call.span_id == "00000000000000c1"
+    assert tool.tokens_pending != seen_here
     deferred.complete_pending()
     tool.refresh_from_db()
     assert _counts(tool) == count_observation(observation, "claude-3-5-sonnet-20241022")

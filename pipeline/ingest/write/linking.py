@@ -36,7 +36,8 @@ from pipeline.ingest.write.sql import update_rows
 from pipeline.ingest.normalise.values import to_text
 from pipeline.models import CompressionEvent, LLMCall, Round, ToolCall, ToolRequest, ToolResultCarry
 
-LLM_FIELDS = ("id", "round_id", "trace_id", "span_id", "started_at", "ended_at", "step", "output_messages")
+# `model`: a tool counted up front for a stored call is kept when the call counts alike (precount.apply)
+LLM_FIELDS = ("id", "round_id", "trace_id", "span_id", "started_at", "ended_at", "step", "output_messages", "model")
 TOOL_FIELDS = ("id", "conversation_id", "round_id", "trace_id", "span_id", "started_at", "tool_name", "tool_call_id",
                "llm_call_id", "arguments", "observation", "tokens_pending")
 TOOL_LINK_FIELDS = ["llm_call", "tool_call_id", "arguments", "observation", "tokens_pending"]
@@ -199,6 +200,10 @@ class RoundRows:
             self.llm[call.round_id].append(call)
         for tool in tools:
             self.tools[tool.round_id].append(tool)
+
+    def calls(self) -> list[LLMCall]:
+        """Every LLM call held, new and stored, of every round."""
+        return [call for rows in (self.llm, self.context) for calls in rows.values() for call in calls]
 
     def number_steps(self) -> None:
         """LLM calls in start order; call before the new ones are inserted so they go in right."""

@@ -1,17 +1,19 @@
-"""Tool observation tokens counted before the ingest transaction, when the batch tells the model.
+"""Tool observation tokens counted before the ingest transaction, when the model is known.
 
 A tool call's observation is counted for the model of the LLM call that asked for it, and which
 call that is, linking decides inside the transaction (pipeline.ingest.write.linking). Counted in
 the deferred run instead (pipeline.ingest.write.deferred), every tool span cost a second
 transaction: the rows read again, updated, their rollups rewritten.
 
-`precount` (run by `prepare_spans`: CPU only, no database) guesses the call from the batch alone
-— the LLM span of the same trace and round that requested the tool's call id, else the last one
-started before it — and counts the observation for that model. `apply` (in the transaction, after
-linking) keeps the count only when the call the tool was linked to is one of the batch's and
-counts the same way (same encoding, margin and approximation) and the observation is the one
-counted; any other tool call stays pending for the deferred run, as before. A wrong guess costs
-a count, never a wrong figure: both paths count with `count_observation`.
+`precount` (run by `prepare_spans`: CPU only, no database) guesses the call — the LLM span of the
+same trace and round that requested the tool's call id, else the last one started before it —
+from the batch, and else from the LLM spans this process saw in earlier batches (`RecentCalls`:
+an agent exporting spans as they end sends its tools after the call that asked for them), and
+counts the observation for that model. `apply` (in the transaction, after linking) keeps the
+count only when the call the tool was linked to (new or stored) counts the same way (same
+encoding, margin and approximation) and the observation is the one counted; any other tool call
+stays pending for the deferred run, as before. A wrong guess costs a count, never a wrong
+figure: both paths count with `count_observation`.
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ from __future__ import annotations
 import logging
 from collections import defaultdict
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from datetime import datetime
 
 from pipeline.ingest.normalise.messages import tool_calls_of
 from pipeline.ingest.normalise.span import NormalisedSpan
@@ -55,9 +58,48 @@ def count_observation(observation: str, model: str | None) -> tuple[int, bool, b
     return tokens, estimated, estimated or model_profile(model).approximate
 
 
+@dataclass
+class _Round:
+    """What a round's LLM spans tell about the models its tools are counted for."""
+
+    requested: dict[str, str | None] = field(default_factory=dict)  # tool call id -> requesting model
+    latest: tuple[datetime, str | None] | None = None  # (start, model) of the latest-started call
+
+
+class RecentCalls:
+    """The models of the LLM spans this process prepared lately, by (trace_id, round key), so that a
+    tool arriving in a later batch than its call is counted up front too. Forgotten wholesale past
+    `size` rounds; another worker's calls are unknown here (their tools go to the deferred run)."""
+
+    def __init__(self, size: int = 4096) -> None:
+        self.size = size
+        self.rounds: dict[tuple[str, str], _Round] = {}
+
+    def add(self, calls: Iterable[NormalisedSpan]) -> None:
+        for call in sorted(calls, key=lambda c: c.started_at):
+            key = (call.record.trace_id, call.round_key)
+            seen = self.rounds.get(key)
+            if seen is None:
+                if len(self.rounds) >= self.size:
+                    self.rounds = {}  # a new dict: a thread reading the old one is not disturbed
+                seen = self.rounds[key] = _Round()
+            for part in tool_calls_of(call.llm["output_messages"] or []):
+                if part.get("id"):
+                    seen.requested.setdefault(part["id"], call.llm["model"])
+            if seen.latest is None or call.started_at >= seen.latest[0]:
+                seen.latest = (call.started_at, call.llm["model"])
+
+    def clear(self) -> None:
+        self.rounds = {}
+
+
+recent_calls = RecentCalls()
+
+
 def precount(spans: Iterable[NormalisedSpan]) -> dict[tuple[str, str], Precount]:
     """Counts of the batch's pending tool observations, by (trace_id, span_id), for the model of
-    the LLM span the tool is expected to be linked to; tools with no such span are left out."""
+    the LLM span the tool is expected to be linked to (of the batch, else seen before); tools with
+    no such span are left out."""
     calls: dict[tuple[str, str], list[NormalisedSpan]] = defaultdict(list)
     tools: list[NormalisedSpan] = []
     for s in spans:
@@ -69,10 +111,8 @@ def precount(spans: Iterable[NormalisedSpan]) -> dict[tuple[str, str], Precount]
     out: dict[tuple[str, str], Precount] = {}
     requested: dict[tuple[str, str], dict[str, str | None]] = {}
     for tool in tools:
-        group = calls.get((tool.record.trace_id, tool.round_key))
-        if not group:
-            continue
         round_key = (tool.record.trace_id, tool.round_key)
+        group = calls.get(round_key, [])
         if round_key not in requested:
             requested[round_key] = {}
             for call in sorted(group, key=lambda c: c.started_at):
@@ -80,13 +120,18 @@ def precount(spans: Iterable[NormalisedSpan]) -> dict[tuple[str, str], Precount]
                     if part.get("id"):
                         requested[round_key].setdefault(part["id"], call.llm["model"])
         call_id = tool.tool["tool_call_id"]
+        before = recent_calls.rounds.get(round_key)  # earlier batches' calls
+        earlier = [c for c in group if c.started_at <= tool.started_at]
         if call_id and call_id in requested[round_key]:
             model = requested[round_key][call_id]
-        else:
-            earlier = [c for c in group if c.started_at <= tool.started_at]
-            if not earlier:
-                continue
+        elif call_id and before is not None and call_id in before.requested:
+            model = before.requested[call_id]
+        elif earlier:
             model = max(earlier, key=lambda c: c.started_at).llm["model"]
+        elif before is not None and before.latest is not None:
+            model = before.latest[1]
+        else:
+            continue
         observation = tool.tool["observation"]
         try:
             counted = count_observation(observation, model)
@@ -95,6 +140,7 @@ def precount(spans: Iterable[NormalisedSpan]) -> dict[tuple[str, str], Precount]
                            tool.record.span_id, exc_info=True)
             continue
         out[(tool.record.trace_id, tool.record.span_id)] = Precount(observation, counting_key(model), *counted)
+    recent_calls.add(c for group in calls.values() for c in group)
     return out
 
 
@@ -108,7 +154,8 @@ def without_logged_traces(counts: dict[tuple[str, str], Precount],
 
 def apply(tools: Iterable[ToolCall], calls: Iterable[LLMCall], counts: dict[tuple[str, str], Precount]) -> None:
     """Fill the counts of linked, unsaved `tools` whose precount holds for the call each was linked
-    to (one of `calls`, the batch's new LLM calls); the others stay pending."""
+    to (one of `calls`, the batch's new LLM calls and the stored ones linking read, with their
+    model); the others stay pending."""
     if not counts:
         return
     keys: dict[int, tuple] = {}

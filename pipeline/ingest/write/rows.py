@@ -172,7 +172,7 @@ def insert_rows(
     if rows["tool"]:
         refs = {(s.record.trace_id, s.record.span_id): s.tool["artifact_ref"] for s in spans if s.tool}
         store_observation_artifacts(rows["tool"], refs)
-        precount.apply(rows["tool"], rows["llm"], counts or {})
+        precount.apply(rows["tool"], links.calls(), counts or {})
         sql.insert_rows(ToolCall, rows["tool"])
         rollups.inserted(ToolCall, rows["tool"])
         sql.fetch_ids(ToolCall, rows["tool"])
