@@ -32,6 +32,18 @@ def tool_call_part(call_id: Any, name: Any, arguments: Any) -> dict[str, Any]:
             "name": to_text(name) if present(name) else "", "arguments": parse_json(arguments)}
 
 
+def _text_ids(parts: list[Any]) -> list[Any]:
+    """The parts, their tool call ids as text, as the other formats give them: ingest keys its
+    lookups on the ids, which an id sent as an object or a list would fail."""
+    for part in parts:
+        if isinstance(part, dict) and part.get("type") in TOOL_PART_TYPES and not isinstance(part.get("id", ""), str):
+            part["id"] = to_text(part["id"])
+    return parts
+
+
+TOOL_PART_TYPES = ("tool_call", "tool_call_response")
+
+
 def _genai_list(value: Any) -> list[Message] | None:
     parsed = parse_json(value)
     if not isinstance(parsed, list):
@@ -42,7 +54,7 @@ def _genai_list(value: Any) -> list[Message] | None:
             parts = item.get("parts")
             if not isinstance(parts, list):  # tolerate {role, content} from older emitters
                 parts = [text_part(item["content"])] if present(item.get("content")) else []
-            message: Message = {"role": to_text(item.get("role")), "parts": parts}
+            message: Message = {"role": to_text(item.get("role")), "parts": _text_ids(parts)}
             for extra in ("name", "finish_reason"):
                 if present(item.get(extra)):
                     message[extra] = item[extra]
