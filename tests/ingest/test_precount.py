@@ -10,7 +10,13 @@ import pytest
 
 from pipeline.ingest.records import LogRecord, SpanRecord
 from pipeline.ingest.write import deferred
-from pipeline.ingest.write.precount import MAX_PRECOUNT_CHARS, RecentCalls, count_observation, recent_calls
+from pipeline.ingest.write.precount import (
+    MAX_PRECOUNT_CHARS,
+    RecentCalls,
+    count_observation,
+    counting_key,
+    recent_calls,
+)
 from pipeline.ingest.write.store import prepare_spans, store_spans
 from pipeline.models import ToolCall
 from pipeline.tokens.counting import MAX_EXACT_CHARS
@@ -96,7 +102,9 @@ def test_a_tool_sent_alone_and_linked_to_another_stored_call_than_guessed_waits_
     trace, observation, claude = "6" * 32, OBSERVATIONS["short"], "claude-3-5-sonnet-20241022"
     store_spans([_chat(trace, "00000000000000c1", 1, claude, requested=["call_s"]),
                  _chat(trace, "00000000000000c2", 3, "gpt-4o")])
-    store_spans([_tool(trace, "00000000000000d1", 5, observation)])
+    alone = [_tool(trace, "00000000000000d1", 5, observation)]
+    assert prepare_spans(alone).counts[(trace, "00000000000000d1")].key == counting_key("gpt-4o") != counting_key(claude)
+    store_spans(alone)
     tool = ToolCall.objects.get()
     assert tool.llm_call.span_id == "00000000000000c1"
     assert tool.tokens_pending
@@ -223,3 +231,41 @@ def test_a_longer_observation_is_left_to_the_deferred_run(observation):
     tool = ToolCall.objects.get()
     assert _counts(tool) == count_observation(observation, "gpt-4o")
     assert tool.tokens_estimated == (len(observation) > MAX_EXACT_CHARS)
+
+
+def _chat_asking_by(trace: str, span_id: str, start: int, call_id) -> SpanRecord:
+    """A chat whose GenAI messages give a tool call id that is not text (JSON allows any value)."""
+    part = {"type": "tool_call", "id": call_id, "name": "search", "arguments": {}}
+    return SpanRecord(trace, span_id, "chat gpt-4o", T0 + start * MS, T0 + (start + 1) * MS, parent_span_id=ROOT,
+                      attributes={"gen_ai.operation.name": "chat", "gen_ai.request.model": "gpt-4o",
+                                  "gen_ai.usage.input_tokens": 10, "gen_ai.usage.output_tokens": 5,
+                                  "gen_ai.input.messages": json.dumps([{"role": "user", "parts": [
+                                      {"type": "tool_call_response", "id": call_id, "response": "earlier"}]}]),
+                                  "gen_ai.output.messages": json.dumps([{"role": "assistant", "parts": [part]}])})
+
+
+@pytest.mark.parametrize(("call_id", "as_text"), [({"n": 1}, '{"n": 1}'), ([1, 2], "[1, 2]"), (7, "7")])
+@pytest.mark.parametrize("together", [True, False], ids=["in one batch", "tool in a later batch"])
+def test_a_tool_call_id_sent_as_an_object_list_or_number_is_linked_and_counted_as_text(call_id, as_text, together):
+    trace, observation = "7" * 32, OBSERVATIONS["short"]
+    chat, tool = _chat_asking_by(trace, "00000000000000c1", 1, call_id), _tool(trace, "00000000000000d1", 3, observation, as_text)
+    for batch in ([chat, tool],) if together else ([chat], [tool]):
+        assert store_spans(batch).rejected == 0
+    stored = ToolCall.objects.get()
+    assert (stored.llm_call.span_id, stored.tool_call_id, stored.tokens_pending) == ("00000000000000c1", as_text, False)
+    assert _counts(stored) == count_observation(observation, "gpt-4o")
+
+
+def test_the_stored_calls_linking_reads_carry_their_model():
+    """`apply` compares a stored linked call's model: it is read with the round's rows (whole or
+    from a point in time), never loaded call by call."""
+    from pipeline.ingest.write import linking
+    from pipeline.models import LLMCall
+
+    store_spans([_chat("8" * 32, "00000000000000c1", 1, "gpt-4o", requested=["call_m"]),
+                 _chat("8" * 32, "00000000000000c2", 3, "claude-3-5-sonnet-20241022")])
+    round_id = LLMCall.objects.values_list("round_id", flat=True).distinct().get()
+    read = [*linking.RoundRows.load([round_id]).calls(), *linking._calls_in_round(round_id)]
+    assert len(read) == 4
+    assert all("model" not in call.get_deferred_fields() for call in read)
+    assert sorted(call.model for call in read) == ["claude-3-5-sonnet-20241022"] * 2 + ["gpt-4o"] * 2

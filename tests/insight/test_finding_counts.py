@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from pipeline.ingest.write import deferred
+from pipeline.ingest.write.precount import recent_calls
 from pipeline.insight import finding_counts
 from pipeline.models import Conversation as ConversationRow
 from pipeline.signals import ingest_committed
@@ -76,9 +77,10 @@ def test_counting_an_observation_after_the_response_refreshes_the_counts(api):
     asking = Conversation("counted-later").turn("r1", "Sales?").llm([system(), user("Sales?")], asked, window=2000,
                                                                     input_tokens=300)
     conversation_id = asking.send(api)
-    # The tool in a request of its own: without its requesting call in the batch, its tokens are
-    # counted after the response (in the same batch they are counted before it:
-    # pipeline.ingest.write.precount).
+    # The tool in a request of its own, to a process that did not see its requesting call (another
+    # worker's): its tokens are counted after the response (with the call in the same batch, or
+    # seen by this process, they are counted before it: pipeline.ingest.write.precount).
+    recent_calls.clear()
     answering = Conversation("counted-later")
     answering.clock = asking.clock
     answering.tool("call_1", "query_sales", {"quarter": "Q3"}, observation, tokens=None).send(api)

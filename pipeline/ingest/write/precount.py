@@ -31,6 +31,8 @@ from pipeline.tokens.counting import count_tokens_bounded, model_profile
 
 logger = logging.getLogger(__name__)
 
+ID_LENGTH = ToolCall._meta.get_field("tool_call_id").max_length
+
 # Longer observations are left to the deferred run: counting them (about 0.1 s per 100 KB) would
 # hold up the request's reply, and a re-sent batch would pay for it again.
 MAX_PRECOUNT_CHARS = 32_768
@@ -66,31 +68,37 @@ class _Round:
     latest: tuple[datetime, str | None] | None = None  # (start, model) of the latest-started call
 
 
+def requested_ids(call: NormalisedSpan) -> list[str]:
+    """The tool call ids an LLM span asks for, as a tool span's id is stored (text, cut to size)."""
+    return [str(part["id"])[:ID_LENGTH] for part in tool_calls_of(call.llm["output_messages"] or []) if part.get("id")]
+
+
 class RecentCalls:
     """The models of the LLM spans this process prepared lately, by (trace_id, round key), so that a
     tool arriving in a later batch than its call is counted up front too. Forgotten wholesale past
-    `size` rounds; another worker's calls are unknown here (their tools go to the deferred run)."""
+    `size` rounds or `size` × 8 requested ids; another worker's calls are unknown here (their tools
+    go to the deferred run)."""
 
     def __init__(self, size: int = 4096) -> None:
         self.size = size
-        self.rounds: dict[tuple[str, str], _Round] = {}
+        self.clear()
 
     def add(self, calls: Iterable[NormalisedSpan]) -> None:
         for call in sorted(calls, key=lambda c: c.started_at):
-            key = (call.record.trace_id, call.round_key)
-            seen = self.rounds.get(key)
-            if seen is None:
-                if len(self.rounds) >= self.size:
-                    self.rounds = {}  # a new dict: a thread reading the old one is not disturbed
-                seen = self.rounds[key] = _Round()
-            for part in tool_calls_of(call.llm["output_messages"] or []):
-                if part.get("id"):
-                    seen.requested.setdefault(part["id"], call.llm["model"])
+            key, ids = (call.record.trace_id, call.round_key), requested_ids(call)
+            self.ids += len(ids)
+            if self.ids > self.size * 8 or (key not in self.rounds and len(self.rounds) >= self.size):
+                self.clear()  # a new dict: a thread reading the old one is not disturbed
+                self.ids = len(ids)
+            seen = self.rounds.setdefault(key, _Round())
+            for call_id in ids:
+                seen.requested.setdefault(call_id, call.llm["model"])
             if seen.latest is None or call.started_at >= seen.latest[0]:
                 seen.latest = (call.started_at, call.llm["model"])
 
     def clear(self) -> None:
-        self.rounds = {}
+        self.rounds: dict[tuple[str, str], _Round] = {}
+        self.ids = 0
 
 
 recent_calls = RecentCalls()
@@ -116,17 +124,15 @@ def precount(spans: Iterable[NormalisedSpan]) -> dict[tuple[str, str], Precount]
         if round_key not in requested:
             requested[round_key] = {}
             for call in sorted(group, key=lambda c: c.started_at):
-                for part in tool_calls_of(call.llm["output_messages"] or []):
-                    if part.get("id"):
-                        requested[round_key].setdefault(part["id"], call.llm["model"])
+                for call_id in requested_ids(call):
+                    requested[round_key].setdefault(call_id, call.llm["model"])
         call_id = tool.tool["tool_call_id"]
         before = recent_calls.rounds.get(round_key)  # earlier batches' calls
-        earlier = [c for c in group if c.started_at <= tool.started_at]
         if call_id and call_id in requested[round_key]:
             model = requested[round_key][call_id]
         elif call_id and before is not None and call_id in before.requested:
             model = before.requested[call_id]
-        elif earlier:
+        elif earlier := [c for c in group if c.started_at <= tool.started_at]:
             model = max(earlier, key=lambda c: c.started_at).llm["model"]
         elif before is not None and before.latest is not None:
             model = before.latest[1]
