@@ -56,7 +56,7 @@ def add_new_rows(llm_ids: list[int], tool_ids: list[int]) -> None:
         # the cost stays NULL while no call has a price, as SUM over the rows gives
         (unpriced if cost is None else priced).append([*row, round_id] if cost is None else [*row, cost, round_id])
     r = sql.table(Round)
-    with sql.connection.cursor() as cursor:
+    with sql.cursor() as cursor:
         if unpriced:
             cursor.executemany(f"UPDATE {r} SET {counts} WHERE id = %s", unpriced)
         if priced:

@@ -214,7 +214,7 @@ def write_counted(counted: Counted) -> None:
     if not _any_still_pending(counted):  # another run (PostgreSQL has several writer threads) wrote them
         return
     # The rollups' changes written once, in key order, like an ingest batch's: no deadlock between them.
-    with transaction.atomic(), rollups.batched():
+    with transaction.atomic(), sql.shared_cursor(), rollups.batched():
         sql.lock_rows(Conversation, {row.conversation_id for row in (*counted.calls, *counted.tools, *counted.levels)})
         calls, tools = _current(counted)
         # a placeholder merged meanwhile moved rows to another conversation: lock that one too

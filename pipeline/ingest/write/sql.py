@@ -12,7 +12,9 @@ through the ORM exactly as if the ORM had written it.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Iterable, Sequence
+import threading
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from datetime import UTC, datetime, timedelta
 from operator import attrgetter, itemgetter
 from typing import Any
@@ -97,16 +99,42 @@ def by_spans(model: type[Model], names: Sequence[str], keys: Iterable[tuple[str,
     return rows
 
 
+_shared = threading.local()
+
+
+@contextmanager
+def shared_cursor() -> Iterator[None]:
+    """The statements this module sends inside the block share one cursor of this thread's
+    connection: opening a Django cursor costs more than running a short statement (measured
+    ~12 µs of ~21 for `SELECT 1`), and an ingest transaction runs dozens of them. Every
+    statement's rows are read in full before the next is sent, so sharing is safe."""
+    if getattr(_shared, "cursor", None) is not None:
+        yield
+        return
+    with connection.cursor() as shared:
+        _shared.cursor = shared
+        try:
+            yield
+        finally:
+            _shared.cursor = None
+
+
+def cursor() -> AbstractContextManager:
+    """The block's shared cursor (`shared_cursor`), else a cursor of its own."""
+    shared = getattr(_shared, "cursor", None)
+    return nullcontext(shared) if shared is not None else connection.cursor()
+
+
 def fetch(query: str, params: Sequence[Any] = ()) -> list[tuple]:
-    with connection.cursor() as cursor:
-        cursor.execute(query, params)
-        return cursor.fetchall()
+    with cursor() as c:
+        c.execute(query, params)
+        return c.fetchall()
 
 
 def execute(query: str, params: Sequence[Any] = ()) -> int:
-    with connection.cursor() as cursor:
-        cursor.execute(query, params)
-        return cursor.rowcount
+    with cursor() as c:
+        c.execute(query, params)
+        return c.rowcount
 
 
 def lock_rows(model: type[Model], ids: Iterable[int]) -> None:
@@ -202,8 +230,8 @@ def insert_values(
     if rows:
         skip = " ON CONFLICT DO NOTHING" if ignore_conflicts else ""
         query = f"INSERT INTO {table(model)} ({columns(names)}) VALUES ({marks(names)}){skip}"
-        with connection.cursor() as cursor:
-            cursor.executemany(query, rows)
+        with cursor() as c:
+            c.executemany(query, rows)
 
 
 def insert_rows(model: type[Model], rows: Sequence[Model], *, ignore_conflicts: bool = False) -> None:
@@ -272,8 +300,8 @@ def update_rows(model: type[Model], rows: Iterable[Model], names: Sequence[str])
         + [row.pk]
         for row in rows
     ]
-    with rollups.updating(model, rows, names), connection.cursor() as cursor:
-        cursor.executemany(query, params)
+    with rollups.updating(model, rows, names), cursor() as c:
+        c.executemany(query, params)
     return len(rows)
 
 

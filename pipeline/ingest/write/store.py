@@ -158,7 +158,8 @@ def _in_transaction(
 ) -> tuple[IngestChanges, set[tuple[str, str]]]:
     for attempt in range(attempts):
         try:
-            with transaction.atomic(), rollups.batched():  # the rollups' changes, written once at the end
+            # the rollups' changes, written once at the end; one cursor for the statements of pipeline.ingest.write.sql
+            with transaction.atomic(), sql.shared_cursor(), rollups.batched():
                 changes, fresh, pending = _store(spans, source, logs, counts)
                 transaction.on_commit(lambda: _committed(changes, pending))
             return changes, fresh
