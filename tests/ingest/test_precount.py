@@ -18,7 +18,7 @@ from pipeline.ingest.write.precount import (
     recent_calls,
 )
 from pipeline.ingest.write.store import prepare_spans, store_spans
-from pipeline.models import ToolCall
+from pipeline.models import LLMCall, Span, ToolCall
 from pipeline.tokens.counting import MAX_EXACT_CHARS
 
 pytestmark = pytest.mark.django_db
@@ -233,18 +233,26 @@ def test_a_longer_observation_is_left_to_the_deferred_run(observation):
     assert tool.tokens_estimated == (len(observation) > MAX_EXACT_CHARS)
 
 
-def _chat_asking_by(trace: str, span_id: str, start: int, call_id) -> SpanRecord:
-    """A chat whose GenAI messages give a tool call id that is not text (JSON allows any value)."""
-    part = {"type": "tool_call", "id": call_id, "name": "search", "arguments": {}}
+def _chat_asking_by(trace: str, span_id: str, start: int, call_id, system_part: dict | None = None) -> SpanRecord:
+    """A chat whose GenAI messages give a tool call id that is not text (JSON allows any value),
+    after a request of the same tool under another id, which linking by name alone would pick."""
+    parts = [{"type": "tool_call", "id": "call_decoy", "name": "search", "arguments": {"q": "decoy"}},
+             {"type": "tool_call", "id": call_id, "name": "search", "arguments": {"q": "asked"}}]
+    attributes = {"gen_ai.operation.name": "chat", "gen_ai.request.model": "gpt-4o",
+                  "gen_ai.usage.input_tokens": 10, "gen_ai.usage.output_tokens": 5,
+                  "gen_ai.input.messages": json.dumps([{"role": "user", "parts": [
+                      {"type": "tool_call_response", "id": call_id, "response": "earlier"}]}]),
+                  "gen_ai.output.messages": json.dumps([{"role": "assistant", "parts": parts}])}
+    if system_part is not None:
+        attributes["gen_ai.system_instructions"] = json.dumps([system_part])
     return SpanRecord(trace, span_id, "chat gpt-4o", T0 + start * MS, T0 + (start + 1) * MS, parent_span_id=ROOT,
-                      attributes={"gen_ai.operation.name": "chat", "gen_ai.request.model": "gpt-4o",
-                                  "gen_ai.usage.input_tokens": 10, "gen_ai.usage.output_tokens": 5,
-                                  "gen_ai.input.messages": json.dumps([{"role": "user", "parts": [
-                                      {"type": "tool_call_response", "id": call_id, "response": "earlier"}]}]),
-                                  "gen_ai.output.messages": json.dumps([{"role": "assistant", "parts": [part]}])})
+                      attributes=attributes)
 
 
-@pytest.mark.parametrize(("call_id", "as_text"), [({"n": 1}, '{"n": 1}'), ([1, 2], "[1, 2]"), (7, "7")])
+ODD_IDS = [({"n": 1}, '{"n": 1}'), ([1, 2], "[1, 2]"), (7, "7"), (True, "true")]
+
+
+@pytest.mark.parametrize(("call_id", "as_text"), ODD_IDS)
 @pytest.mark.parametrize("together", [True, False], ids=["in one batch", "tool in a later batch"])
 def test_a_tool_call_id_sent_as_an_object_list_or_number_is_linked_and_counted_as_text(call_id, as_text, together):
     trace, observation = "7" * 32, OBSERVATIONS["short"]
@@ -252,15 +260,41 @@ def test_a_tool_call_id_sent_as_an_object_list_or_number_is_linked_and_counted_a
     for batch in ([chat, tool],) if together else ([chat], [tool]):
         assert store_spans(batch).rejected == 0
     stored = ToolCall.objects.get()
-    assert (stored.llm_call.span_id, stored.tool_call_id, stored.tokens_pending) == ("00000000000000c1", as_text, False)
+    assert (stored.llm_call.span_id, stored.tool_call_id, stored.arguments, stored.tokens_pending) == (
+        "00000000000000c1", as_text, {"q": "asked"}, False)
     assert _counts(stored) == count_observation(observation, "gpt-4o")
+    # the id the stored span was sent with is kept as sent
+    assert json.loads(Span.objects.get(span_id="00000000000000c1").attributes["gen_ai.output.messages"])[0][
+        "parts"][1]["id"] == call_id
+
+
+@pytest.mark.parametrize(("call_id", "as_text"), ODD_IDS)
+def test_a_call_stored_with_an_id_as_sent_before_ids_were_text_still_links_its_tools(call_id, as_text):
+    """Rows stored by an earlier version keep the id as the span sent it; linking compares it as text."""
+    trace, observation = "a1" * 16, OBSERVATIONS["short"]
+    store_spans([_chat_asking_by(trace, "00000000000000c1", 1, call_id)])
+    LLMCall.objects.update(
+        output_messages=[{"role": "assistant", "parts": [
+            {"type": "tool_call", "id": "call_decoy", "name": "search", "arguments": {"q": "decoy"}},
+            {"type": "tool_call", "id": call_id, "name": "search", "arguments": {"q": "asked"}}]}],
+        input_messages=[{"role": "user", "parts": [{"type": "tool_call_response", "id": call_id, "response": "x"}]}])
+    assert store_spans([_tool(trace, "00000000000000d1", 3, observation, as_text)]).rejected == 0
+    stored = ToolCall.objects.get()
+    assert (stored.llm_call.span_id, stored.tool_call_id, stored.arguments) == ("00000000000000c1", as_text, {"q": "asked"})
+
+
+def test_a_tool_response_with_an_object_id_in_the_system_instructions_is_stored():
+    trace = "b2" * 16
+    part = {"type": "tool_call_response", "id": {"n": 2}, "response": "from the system prompt"}
+    assert store_spans([_chat_asking_by(trace, "00000000000000c1", 1, "call_1", system_part=part)]).accepted == 1
+    system = LLMCall.objects.get().input_messages[0]
+    assert (system["role"], system["parts"][0]["id"]) == ("system", '{"n": 2}')
 
 
 def test_the_stored_calls_linking_reads_carry_their_model():
     """`apply` compares a stored linked call's model: it is read with the round's rows (whole or
     from a point in time), never loaded call by call."""
     from pipeline.ingest.write import linking
-    from pipeline.models import LLMCall
 
     store_spans([_chat("8" * 32, "00000000000000c1", 1, "gpt-4o", requested=["call_m"]),
                  _chat("8" * 32, "00000000000000c2", 3, "claude-3-5-sonnet-20241022")])

@@ -32,16 +32,29 @@ def tool_call_part(call_id: Any, name: Any, arguments: Any) -> dict[str, Any]:
             "name": to_text(name) if present(name) else "", "arguments": parse_json(arguments)}
 
 
-def _text_ids(parts: list[Any]) -> list[Any]:
-    """The parts, their tool call ids as text, as the other formats give them: ingest keys its
-    lookups on the ids, which an id sent as an object or a list would fail."""
-    for part in parts:
-        if isinstance(part, dict) and part.get("type") in TOOL_PART_TYPES and not isinstance(part.get("id", ""), str):
-            part["id"] = to_text(part["id"])
-    return parts
-
-
+# A tool span's call id is stored cut to this length (ToolCall.tool_call_id): ids are compared cut alike.
+ID_LENGTH = 255
 TOOL_PART_TYPES = ("tool_call", "tool_call_response")
+
+
+def call_id(value: Any) -> str:
+    """A tool call id as ingest keys and compares it: text (JSON for a number, list or object, as
+    `to_text` gives it), cut to ID_LENGTH; "" for none (absent, empty, false, an empty list or
+    object). Messages stored before ids were normalised may hold any JSON value here."""
+    if isinstance(value, str):
+        return value[:ID_LENGTH]
+    if value is None or value is False or value == [] or value == {}:
+        return ""
+    return to_text(value)[:ID_LENGTH]
+
+
+def _text_ids(parts: list[Any]) -> list[Any]:
+    """The parts, with the ids of tool parts as `call_id` gives them (copies: the attribute's own
+    value, stored with the span as sent, is left as it is)."""
+    return [{**part, "id": call_id(part["id"])}
+            if isinstance(part, dict) and part.get("type") in TOOL_PART_TYPES and not isinstance(part.get("id", ""), str)
+            else part
+            for part in parts]
 
 
 def _genai_list(value: Any) -> list[Message] | None:
@@ -68,7 +81,7 @@ def _system_instructions(value: Any) -> Message | None:
         return {"role": "system", "parts": [text_part(parsed)]}
     if isinstance(parsed, list) and parsed:
         parts = [p if isinstance(p, dict) else text_part(p) for p in parsed]
-        return {"role": "system", "parts": parts}
+        return {"role": "system", "parts": _text_ids(parts)}
     return None
 
 
@@ -192,10 +205,10 @@ def tool_calls_of(messages: list[Message]) -> list[dict[str, Any]]:
 def tool_responses_of(messages: list[Message]) -> dict[str, Any]:
     """{tool_call_id: response} of the tool_call_response parts of `messages`."""
     return {
-        p["id"]: p.get("response")
+        key: p.get("response")
         for m in messages
         for p in m.get("parts", ())
-        if isinstance(p, dict) and p.get("type") == "tool_call_response" and p.get("id")
+        if isinstance(p, dict) and p.get("type") == "tool_call_response" and (key := call_id(p.get("id")))
     }
 
 

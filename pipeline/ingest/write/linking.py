@@ -30,7 +30,7 @@ from datetime import datetime
 from django.db import connection
 from django.db.models import QuerySet
 
-from pipeline.ingest.normalise.messages import last_text, tool_calls_of, tool_responses_of
+from pipeline.ingest.normalise.messages import call_id, last_text, tool_calls_of, tool_responses_of
 from pipeline.ingest.write import sql
 from pipeline.ingest.write.sql import update_rows
 from pipeline.ingest.normalise.values import to_text
@@ -41,7 +41,6 @@ LLM_FIELDS = ("id", "round_id", "trace_id", "span_id", "started_at", "ended_at",
 TOOL_FIELDS = ("id", "conversation_id", "round_id", "trace_id", "span_id", "started_at", "tool_name", "tool_call_id",
                "llm_call_id", "arguments", "observation", "tokens_pending")
 TOOL_LINK_FIELDS = ["llm_call", "tool_call_id", "arguments", "observation", "tokens_pending"]
-ID_LENGTH = ToolCall._meta.get_field("tool_call_id").max_length
 REQUEST_COLUMNS = ("llm_call_id", "round_id", "tool_call_id", "name")
 # Values an IN list takes at most: a long round holds more rows than SQLite takes variables in one
 # statement (32,766 by default), so lists built from what was loaded go a chunk at a time.
@@ -53,7 +52,7 @@ def _order(row: LLMCall | ToolCall) -> tuple:
 
 
 def _requested_ids(call: LLMCall) -> set[str]:
-    return {str(p["id"])[:ID_LENGTH] for p in tool_calls_of(call.output_messages or []) if p.get("id")}
+    return {i for p in tool_calls_of(call.output_messages or []) if (i := call_id(p.get("id")))}
 
 
 def _unique(rows: Iterable[Any]) -> list[Any]:
@@ -165,7 +164,7 @@ class RoundRows:
         self.context[round_id] = before
 
         asked = set().union(*(_requested_ids(c) for c in new_llm))
-        answered = {str(i)[:ID_LENGTH] for c in new_llm for i in tool_responses_of(c.input_messages or [])}
+        answered = {i for c in new_llm for i in tool_responses_of(c.input_messages or [])}
         self.tools[round_id] = _unique(sql.instances(ToolCall, TOOL_FIELDS, [
             *_select_in_round(ToolCall, TOOL_FIELDS, round_id, "started_at >= %s", [at]),
             *_select_in_round(ToolCall, TOOL_FIELDS, round_id, "llm_call_id IS NULL"),
@@ -271,8 +270,8 @@ def save_requests(calls: Iterable[LLMCall], *, replace: bool = False) -> None:
         for chunk in sql.chunked([c.pk for c in calls], 500):
             ToolRequest.objects.filter(llm_call_id__in=chunk).delete()
     sql.insert_values(ToolRequest, REQUEST_COLUMNS, [
-        (call.pk, call.round_id, str(part["id"])[:ID_LENGTH], str(part.get("name") or "")[:255])
-        for call in calls for part in tool_calls_of(call.output_messages or []) if part.get("id")
+        (call.pk, call.round_id, key, str(part.get("name") or "")[:255])
+        for call in calls for part in tool_calls_of(call.output_messages or []) if (key := call_id(part.get("id")))
     ])
 
 
@@ -303,8 +302,8 @@ def _link_tools(
         parts = tool_calls_of(call.output_messages or [])
         by_call[call.pk] = parts
         for part in parts:
-            if part.get("id"):
-                requested.setdefault(part["id"], (call, part))
+            if key := call_id(part.get("id")):
+                requested.setdefault(key, (call, part))
     claimed = {t.tool_call_id for t in tools if t.tool_call_id} | set(claimed_elsewhere)
     changed = []
     for tool in tools:
@@ -318,7 +317,7 @@ def _link_tools(
             for candidate in reversed(earlier or calls):
                 part = next(
                     (p for p in by_call[candidate.pk]
-                     if p.get("name") == tool.tool_name and p.get("id") and p["id"] not in claimed),
+                     if p.get("name") == tool.tool_name and (key := call_id(p.get("id"))) and key not in claimed),
                     None,
                 )
                 if part is not None:
@@ -327,7 +326,7 @@ def _link_tools(
             if owner is None:
                 owner = earlier[-1] if earlier else None
             elif not tool.tool_call_id:
-                tool.tool_call_id = str(part["id"])[:255]
+                tool.tool_call_id = call_id(part["id"])
                 claimed.add(tool.tool_call_id)
         if owner is not None and tool.llm_call_id != owner.pk:
             tool.llm_call_id = owner.pk

@@ -24,14 +24,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from pipeline.ingest.normalise.messages import tool_calls_of
+from pipeline.ingest.normalise.messages import call_id, tool_calls_of
 from pipeline.ingest.normalise.span import NormalisedSpan
 from pipeline.models import LLMCall, ToolCall
 from pipeline.tokens.counting import count_tokens_bounded, model_profile
 
 logger = logging.getLogger(__name__)
-
-ID_LENGTH = ToolCall._meta.get_field("tool_call_id").max_length
 
 # Longer observations are left to the deferred run: counting them (about 0.1 s per 100 KB) would
 # hold up the request's reply, and a re-sent batch would pay for it again.
@@ -70,7 +68,7 @@ class _Round:
 
 def requested_ids(call: NormalisedSpan) -> list[str]:
     """The tool call ids an LLM span asks for, as a tool span's id is stored (text, cut to size)."""
-    return [str(part["id"])[:ID_LENGTH] for part in tool_calls_of(call.llm["output_messages"] or []) if part.get("id")]
+    return [key for part in tool_calls_of(call.llm["output_messages"] or []) if (key := call_id(part.get("id")))]
 
 
 class RecentCalls:
