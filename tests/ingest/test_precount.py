@@ -95,24 +95,6 @@ def test_a_tool_sent_after_its_chat_is_linked_to_it_and_counted_up_front_for_its
     assert _counts(tool) == count_observation(observation, claude) != count_observation(observation, "gpt-4o")
 
 
-def test_a_tool_sent_alone_and_linked_to_another_stored_call_than_guessed_waits_for_the_deferred_run():
-    """No call id: the guess is the round's latest chat seen (gpt-4o), but linking gives the tool
-    to the stored claude call that asked for a tool of its name; the guess's count, made for
-    another encoding, is not kept, and the deferred run counts for claude."""
-    trace, observation, claude = "6" * 32, OBSERVATIONS["short"], "claude-3-5-sonnet-20241022"
-    store_spans([_chat(trace, "00000000000000c1", 1, claude, requested=["call_s"]),
-                 _chat(trace, "00000000000000c2", 3, "gpt-4o")])
-    alone = [_tool(trace, "00000000000000d1", 5, observation)]
-    assert prepare_spans(alone).counts[(trace, "00000000000000d1")].key == counting_key("gpt-4o") != counting_key(claude)
-    store_spans(alone)
-    tool = ToolCall.objects.get()
-    assert tool.llm_call.span_id == "00000000000000c1"
-    assert tool.tokens_pending
-    deferred.complete_pending()
-    tool.refresh_from_db()
-    assert _counts(tool) == count_observation(observation, claude) != count_observation(observation, "gpt-4o")
-
-
 def test_recent_calls_forget_everything_past_their_size():
     calls = RecentCalls(size=2)
     for i in range(3):
@@ -206,14 +188,19 @@ def test_a_tool_whose_requesting_call_only_a_stored_log_names_is_counted_for_tha
     assert _counts(tool) == count_observation(observation, claude) != count_observation(observation, "gpt-4o")
 
 
-def test_a_tool_linked_to_another_batch_call_than_guessed_is_counted_for_that_call():
-    """No call id: the guess is the latest chat before the tool (gpt-4o), but linking gives the
-    tool to the claude call of the batch that asked for a tool of its name; the guess's count,
-    made for another encoding, is not kept, and the deferred run counts for claude."""
+@pytest.mark.parametrize("together", [True, False], ids=["in the chats' batch", "in a later batch"])
+def test_a_tool_linked_to_another_call_than_guessed_is_counted_for_that_call(together):
+    """No call id: the guess is the round's latest chat (gpt-4o), but linking gives the tool to
+    the claude call that asked for a tool of its name; the guess's count, made for another
+    encoding, is not kept, and the deferred run counts for claude."""
     trace, observation, claude = "2" * 32, OBSERVATIONS["short"], "claude-3-5-sonnet-20241022"
-    store_spans([_chat(trace, "00000000000000c1", 1, claude, requested=["call_q"]),
-                 _chat(trace, "00000000000000c2", 3, "gpt-4o"),
-                 _tool(trace, "00000000000000d1", 5, observation)])
+    chats = [_chat(trace, "00000000000000c1", 1, claude, requested=["call_q"]), _chat(trace, "00000000000000c2", 3, "gpt-4o")]
+    tool = [_tool(trace, "00000000000000d1", 5, observation)]
+    if not together:
+        store_spans(chats)
+    batch = chats + tool if together else tool
+    assert prepare_spans(batch).counts[(trace, "00000000000000d1")].key == counting_key("gpt-4o") != counting_key(claude)
+    store_spans(batch)
     tool = ToolCall.objects.get()
     assert tool.llm_call.span_id == "00000000000000c1"
     assert tool.tokens_pending
