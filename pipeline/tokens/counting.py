@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from functools import cache, lru_cache
@@ -270,9 +270,14 @@ def _content_pieces(content: Any, pieces: list[str]) -> int:
     return 0
 
 
-def _tool_call_pieces(calls: Iterable[Any], skip_ids: set[str], pieces: list[str]) -> None:
+def _id_key(value: Any) -> Any:
+    """A tool call id as a set member: one sent as a JSON object or list is compared as its JSON."""
+    return value if isinstance(value, Hashable) else _json(value)
+
+
+def _tool_call_pieces(calls: Iterable[Any], skip_ids: set[Any], pieces: list[str]) -> None:
     for call in calls or ():
-        if not isinstance(call, Mapping) or call.get("id") in skip_ids:
+        if not isinstance(call, Mapping) or _id_key(call.get("id")) in skip_ids:
             continue
         function = call.get("function")  # OpenAI dict shape: {"id", "function": {"name", "arguments"}}
         source = function if isinstance(function, Mapping) else call
@@ -294,7 +299,7 @@ def _message_pieces(message: Any, pieces: list[str]) -> tuple[int, int]:
     media = _content_pieces(content, pieces)
     blocks = content if isinstance(content, list) else ()
     in_content = {
-        b.get("id") for b in blocks if isinstance(b, Mapping) and b.get("type") in ("tool_use", "tool_call")
+        _id_key(b.get("id")) for b in blocks if isinstance(b, Mapping) and b.get("type") in ("tool_use", "tool_call")
     }
     _tool_call_pieces(get("tool_calls") or (), in_content, pieces)
     _tool_call_pieces(get("invalid_tool_calls") or (), in_content, pieces)

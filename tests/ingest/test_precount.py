@@ -18,7 +18,7 @@ from pipeline.ingest.write.precount import (
     recent_calls,
 )
 from pipeline.ingest.write.store import prepare_spans, store_spans
-from pipeline.models import LLMCall, Span, ToolCall
+from pipeline.models import LLMCall, Span, ToolCall, ToolRequest
 from pipeline.tokens.counting import MAX_EXACT_CHARS
 
 pytestmark = pytest.mark.django_db
@@ -220,16 +220,20 @@ def test_a_longer_observation_is_left_to_the_deferred_run(observation):
     assert tool.tokens_estimated == (len(observation) > MAX_EXACT_CHARS)
 
 
-def _chat_asking_by(trace: str, span_id: str, start: int, call_id, system_part: dict | None = None) -> SpanRecord:
+def _chat_asking_by(trace: str, span_id: str, start: int, call_id, system_part: dict | None = None,
+                    structured: bool = False) -> SpanRecord:
     """A chat whose GenAI messages give a tool call id that is not text (JSON allows any value),
-    after a request of the same tool under another id, which linking by name alone would pick."""
+    after a request of the same tool under another id, which linking by name alone would pick;
+    `structured`: the messages as attribute values themselves (as an in-process SDK gives them),
+    not as JSON text."""
     parts = [{"type": "tool_call", "id": "call_decoy", "name": "search", "arguments": {"q": "decoy"}},
              {"type": "tool_call", "id": call_id, "name": "search", "arguments": {"q": "asked"}}]
+    encode = (lambda value: value) if structured else json.dumps
     attributes = {"gen_ai.operation.name": "chat", "gen_ai.request.model": "gpt-4o",
                   "gen_ai.usage.input_tokens": 10, "gen_ai.usage.output_tokens": 5,
-                  "gen_ai.input.messages": json.dumps([{"role": "user", "parts": [
+                  "gen_ai.input.messages": encode([{"role": "user", "parts": [
                       {"type": "tool_call_response", "id": call_id, "response": "earlier"}]}]),
-                  "gen_ai.output.messages": json.dumps([{"role": "assistant", "parts": parts}])}
+                  "gen_ai.output.messages": encode([{"role": "assistant", "parts": parts}])}
     if system_part is not None:
         attributes["gen_ai.system_instructions"] = json.dumps([system_part])
     return SpanRecord(trace, span_id, "chat gpt-4o", T0 + start * MS, T0 + (start + 1) * MS, parent_span_id=ROOT,
@@ -250,21 +254,27 @@ def test_a_tool_call_id_sent_as_an_object_list_or_number_is_linked_and_counted_a
     assert (stored.llm_call.span_id, stored.tool_call_id, stored.arguments, stored.tokens_pending) == (
         "00000000000000c1", as_text, {"q": "asked"}, False)
     assert _counts(stored) == count_observation(observation, "gpt-4o")
-    # the id the stored span was sent with is kept as sent
-    assert json.loads(Span.objects.get(span_id="00000000000000c1").attributes["gen_ai.output.messages"])[0][
-        "parts"][1]["id"] == call_id
+
+
+@pytest.mark.parametrize(("call_id", "as_text"), ODD_IDS)
+def test_the_span_keeps_a_structured_message_id_as_sent_while_the_call_holds_it_as_text(call_id, as_text):
+    """Messages given as attribute values (not JSON text): normalising reads copies of them."""
+    store_spans([_chat_asking_by("c3" * 16, "00000000000000c1", 1, call_id, structured=True)])
+    sent = Span.objects.get().attributes["gen_ai.output.messages"]
+    assert sent[0]["parts"][1]["id"] == call_id
+    assert LLMCall.objects.get().output_messages[0]["parts"][1]["id"] == as_text
 
 
 @pytest.mark.parametrize(("call_id", "as_text"), ODD_IDS)
 def test_a_call_stored_with_an_id_as_sent_before_ids_were_text_still_links_its_tools(call_id, as_text):
-    """Rows stored by an earlier version keep the id as the span sent it; linking compares it as text."""
+    """Rows an earlier version stored keep the id as the span sent it (the call's messages) and
+    as str() gave it (its tool request index); linking compares the call's ids as text."""
     trace, observation = "a1" * 16, OBSERVATIONS["short"]
     store_spans([_chat_asking_by(trace, "00000000000000c1", 1, call_id)])
-    LLMCall.objects.update(
-        output_messages=[{"role": "assistant", "parts": [
-            {"type": "tool_call", "id": "call_decoy", "name": "search", "arguments": {"q": "decoy"}},
-            {"type": "tool_call", "id": call_id, "name": "search", "arguments": {"q": "asked"}}]}],
-        input_messages=[{"role": "user", "parts": [{"type": "tool_call_response", "id": call_id, "response": "x"}]}])
+    LLMCall.objects.update(output_messages=[{"role": "assistant", "parts": [
+        {"type": "tool_call", "id": "call_decoy", "name": "search", "arguments": {"q": "decoy"}},
+        {"type": "tool_call", "id": call_id, "name": "search", "arguments": {"q": "asked"}}]}])
+    ToolRequest.objects.filter(tool_call_id=as_text).update(tool_call_id=str(call_id)[:255])
     assert store_spans([_tool(trace, "00000000000000d1", 3, observation, as_text)]).rejected == 0
     stored = ToolCall.objects.get()
     assert (stored.llm_call.span_id, stored.tool_call_id, stored.arguments) == ("00000000000000c1", as_text, {"q": "asked"})

@@ -293,3 +293,13 @@ def test_bad_yaml_is_a_system_check_error_and_counting_uses_defaults(tmp_path, s
 def test_a_good_yaml_file_passes_the_check(tmp_path, settings):
     settings.CTXLENS_TOKEN_ENCODERS_FILE = write_yaml(tmp_path, "families:\n  qwen: {margin: 1.3}\n")
     assert [e for e in checks.run_checks() if e.id == "pipeline.E010"] == []
+
+
+@pytest.mark.parametrize("call_id", [{"n": 1}, ["a", 1], "call_1", 7])
+def test_a_tool_call_in_both_content_and_tool_calls_counts_once_whatever_its_id(call_id):
+    """A stored message whose tool call id came as a JSON object or list (kept as sent by older
+    versions) is counted like any other, not refused as unhashable."""
+    part = {"type": "tool_call", "id": call_id, "name": "search", "arguments": {"q": "x"}}
+    alone = {"role": "assistant", "parts": [part]}
+    both = {**alone, "tool_calls": [{"id": call_id, "name": "search", "arguments": {"q": "x"}}]}
+    assert count_message_tokens(both, "gpt-4o") == count_message_tokens(alone, "gpt-4o") > MESSAGE_OVERHEAD

@@ -89,8 +89,8 @@ class RecentCalls:
                 self.clear()  # a new dict: a thread reading the old one is not disturbed
                 self.ids = len(ids)
             seen = self.rounds.setdefault(key, _Round())
-            for call_id in ids:
-                seen.requested.setdefault(call_id, call.llm["model"])
+            for key in ids:
+                seen.requested.setdefault(key, call.llm["model"])
             if seen.latest is None or call.started_at >= seen.latest[0]:
                 seen.latest = (call.started_at, call.llm["model"])
 
@@ -122,14 +122,14 @@ def precount(spans: Iterable[NormalisedSpan]) -> dict[tuple[str, str], Precount]
         if round_key not in requested:
             requested[round_key] = {}
             for call in sorted(group, key=lambda c: c.started_at):
-                for call_id in requested_ids(call):
-                    requested[round_key].setdefault(call_id, call.llm["model"])
-        call_id = tool.tool["tool_call_id"]
+                for key in requested_ids(call):
+                    requested[round_key].setdefault(key, call.llm["model"])
+        asked_as = tool.tool["tool_call_id"]
         before = recent_calls.rounds.get(round_key)  # earlier batches' calls
-        if call_id and call_id in requested[round_key]:
-            model = requested[round_key][call_id]
-        elif call_id and before is not None and call_id in before.requested:
-            model = before.requested[call_id]
+        if asked_as and asked_as in requested[round_key]:
+            model = requested[round_key][asked_as]
+        elif asked_as and before is not None and asked_as in before.requested:
+            model = before.requested[asked_as]
         elif earlier := [c for c in group if c.started_at <= tool.started_at]:
             model = max(earlier, key=lambda c: c.started_at).llm["model"]
         elif before is not None and before.latest is not None:
