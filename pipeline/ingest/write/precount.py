@@ -89,8 +89,8 @@ class RecentCalls:
                 self.clear()  # a new dict: a thread reading the old one is not disturbed
                 self.ids = len(ids)
             seen = self.rounds.setdefault(key, _Round())
-            for key in ids:
-                seen.requested.setdefault(key, call.llm["model"])
+            for asked in ids:
+                seen.requested.setdefault(asked, call.llm["model"])
             if seen.latest is None or call.started_at >= seen.latest[0]:
                 seen.latest = (call.started_at, call.llm["model"])
 
