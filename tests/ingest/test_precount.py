@@ -16,6 +16,7 @@ from pipeline.ingest.write.precount import (
     count_observation,
     counting_key,
     recent_calls,
+    rounds_of,
 )
 from pipeline.ingest.write.store import prepare_spans, store_spans
 from pipeline.models import LLMCall, Span, ToolCall, ToolRequest
@@ -98,8 +99,8 @@ def test_a_tool_sent_after_its_chat_is_linked_to_it_and_counted_up_front_for_its
 def test_recent_calls_forget_everything_past_their_size():
     calls = RecentCalls(size=2)
     for i in range(3):
-        calls.add([prepare_spans([_chat(f"{i + 1}" * 32, "00000000000000c1", 1, "gpt-4o", requested=[f"call_{i}"])])
-                   .spans[0]])
+        calls.add(rounds_of(prepare_spans([_chat(f"{i + 1}" * 32, "00000000000000c1", 1, "gpt-4o",
+                                                 requested=[f"call_{i}"])]).spans))
     assert [(trace, seen.requested) for (trace, _), seen in calls.rounds.items()] == [("3" * 32, {"call_2": "gpt-4o"})]
 
 

@@ -59,16 +59,38 @@ def count_observation(observation: str, model: str | None) -> tuple[int, bool, b
 
 
 @dataclass
-class _Round:
+class Round:
     """What a round's LLM spans tell about the models its tools are counted for."""
 
     requested: dict[str, str | None] = field(default_factory=dict)  # tool call id -> requesting model
     latest: tuple[datetime, str | None] | None = None  # (start, model) of the latest-started call
 
+    def add(self, call: NormalisedSpan) -> None:
+        """Take in one LLM span (spans in start order: an id asked for twice is the first asker's)."""
+        for asked in requested_ids(call):
+            self.requested.setdefault(asked, call.llm["model"])
+        if self.latest is None or call.started_at >= self.latest[0]:
+            self.latest = (call.started_at, call.llm["model"])
+
+    def absorb(self, later: Round) -> None:
+        """Take in what a later batch's spans of the round tell."""
+        for asked, model in later.requested.items():
+            self.requested.setdefault(asked, model)
+        if later.latest is not None and (self.latest is None or later.latest[0] >= self.latest[0]):
+            self.latest = later.latest
+
 
 def requested_ids(call: NormalisedSpan) -> list[str]:
     """The tool call ids an LLM span asks for, as a tool span's id is stored (text, cut to size)."""
     return [key for part in tool_calls_of(call.llm["output_messages"] or []) if (key := call_id(part.get("id")))]
+
+
+def rounds_of(calls: Iterable[NormalisedSpan]) -> dict[tuple[str, str], Round]:
+    """The LLM spans' rounds, by (trace_id, round key)."""
+    rounds: dict[tuple[str, str], Round] = defaultdict(Round)
+    for call in sorted(calls, key=lambda c: c.started_at):
+        rounds[(call.record.trace_id, call.round_key)].add(call)
+    return rounds
 
 
 class RecentCalls:
@@ -81,21 +103,16 @@ class RecentCalls:
         self.size = size
         self.clear()
 
-    def add(self, calls: Iterable[NormalisedSpan]) -> None:
-        for call in sorted(calls, key=lambda c: c.started_at):
-            key, ids = (call.record.trace_id, call.round_key), requested_ids(call)
-            self.ids += len(ids)
+    def add(self, rounds: dict[tuple[str, str], Round]) -> None:
+        for key, later in rounds.items():
+            self.ids += len(later.requested)
             if self.ids > self.size * 8 or (key not in self.rounds and len(self.rounds) >= self.size):
                 self.clear()  # a new dict: a thread reading the old one is not disturbed
-                self.ids = len(ids)
-            seen = self.rounds.setdefault(key, _Round())
-            for asked in ids:
-                seen.requested.setdefault(asked, call.llm["model"])
-            if seen.latest is None or call.started_at >= seen.latest[0]:
-                seen.latest = (call.started_at, call.llm["model"])
+                self.ids = len(later.requested)
+            self.rounds.setdefault(key, Round()).absorb(later)
 
     def clear(self) -> None:
-        self.rounds: dict[tuple[str, str], _Round] = {}
+        self.rounds: dict[tuple[str, str], Round] = {}
         self.ids = 0
 
 
@@ -114,23 +131,17 @@ def precount(spans: Iterable[NormalisedSpan]) -> dict[tuple[str, str], Precount]
         elif (s.tool is not None and s.in_round and s.tool["tokens_pending"]
               and len(s.tool["observation"] or "") <= MAX_PRECOUNT_CHARS):
             tools.append(s)
+    here = rounds_of(c for group in calls.values() for c in group)
     out: dict[tuple[str, str], Precount] = {}
-    requested: dict[tuple[str, str], dict[str, str | None]] = {}
     for tool in tools:
         round_key = (tool.record.trace_id, tool.round_key)
-        group = calls.get(round_key, [])
-        if round_key not in requested:
-            requested[round_key] = {}
-            for call in sorted(group, key=lambda c: c.started_at):
-                for key in requested_ids(call):
-                    requested[round_key].setdefault(key, call.llm["model"])
         asked_as = tool.tool["tool_call_id"]
-        before = recent_calls.rounds.get(round_key)  # earlier batches' calls
-        if asked_as and asked_as in requested[round_key]:
-            model = requested[round_key][asked_as]
+        batch, before = here.get(round_key), recent_calls.rounds.get(round_key)  # before: earlier batches'
+        if asked_as and batch is not None and asked_as in batch.requested:
+            model = batch.requested[asked_as]
         elif asked_as and before is not None and asked_as in before.requested:
             model = before.requested[asked_as]
-        elif earlier := [c for c in group if c.started_at <= tool.started_at]:
+        elif earlier := [c for c in calls.get(round_key, ()) if c.started_at <= tool.started_at]:
             model = max(earlier, key=lambda c: c.started_at).llm["model"]
         elif before is not None and before.latest is not None:
             model = before.latest[1]
@@ -144,7 +155,7 @@ def precount(spans: Iterable[NormalisedSpan]) -> dict[tuple[str, str], Precount]
                            tool.record.span_id, exc_info=True)
             continue
         out[(tool.record.trace_id, tool.record.span_id)] = Precount(observation, counting_key(model), *counted)
-    recent_calls.add(c for group in calls.values() for c in group)
+    recent_calls.add(here)
     return out
 
 
