@@ -24,6 +24,7 @@ from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 
 from config.staticfiles import StaticFilesApp  # noqa: E402
 from dashboard.live import record_serving_loop  # noqa: E402
+from dashboard.consumers import with_server_send  # noqa: E402
 from dashboard.origin import SameOriginValidator  # noqa: E402
 from pipeline.receivers.otlp_router import OtlpIngestRouter  # noqa: E402
 from dashboard.routing import websocket_urlpatterns  # noqa: E402
@@ -37,7 +38,7 @@ application = record_serving_loop(ProtocolTypeRouter(
         # Static files are served by the app itself (WhiteNoise) so one process is the whole dashboard.
         "http": OtlpIngestRouter(StaticFilesApp(django_asgi_app)),
         # Scheme, host and port of the Origin must be this site's (not only the host name).
-        "websocket": SameOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
+        "websocket": with_server_send(SameOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns)))),
     }
 ))
 

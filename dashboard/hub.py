@@ -10,8 +10,9 @@ worker still gets every commit of every worker), merges what arrives, and at mos
 gets as is.
 
 A member is a websocket (dashboard/consumers.py): `deliver(frame)` must not wait; the member
-queues the frame and sends it on its own task, so a slow socket holds up only itself (and is
-closed when it falls too far behind: the page reconnects and catches up on its own).
+queues the frame and sends it on its own task, so a slow socket holds up only itself (and
+leaves the group, to be closed, when it falls too far behind: the page reconnects and catches
+up on its own).
 
 State lives per event loop and channel layer: the subscriptions belong to the loop that reads
 them, and tests swap the layer through settings.

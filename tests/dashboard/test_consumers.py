@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 
 import pytest
@@ -12,7 +13,9 @@ from channels.testing import WebsocketCommunicator
 from django.test import Client
 
 from config.asgi import application
-from dashboard.consumers import CLOSE_NOT_FOUND, CLOSE_UNAUTHENTICATED
+from dashboard import consumers
+from dashboard import hub as live_hub
+from dashboard.consumers import CLOSE_NOT_FOUND, CLOSE_TRY_AGAIN_LATER, CLOSE_UNAUTHENTICATED, MAX_BACKLOG
 from dashboard.live import LIVE_GROUP
 from dashboard.routing import websocket_urlpatterns
 from pipeline.signals import IngestChanges, ingest_committed
@@ -48,6 +51,22 @@ async def connect(path: str, *headers: tuple[bytes, bytes]) -> WebsocketCommunic
     connected, _ = await communicator.connect()
     assert connected
     return communicator
+
+
+class PageThatStopsReading(WebsocketCommunicator):
+    """A socket whose page takes `window` messages and then none until it reads again (a frozen
+    tab): the server's `send` waits, as uvicorn's does once the connection's buffers are full."""
+
+    def __init__(self, path: str, *headers: tuple[bytes, bytes], window: int) -> None:
+        super().__init__(application, path, headers=[ORIGIN, HOST, *headers])
+        self.unread: asyncio.Queue | None = None
+        self.window = window
+
+    @property
+    def output_queue(self) -> asyncio.Queue:
+        if self.unread is None:
+            self.unread = asyncio.Queue(maxsize=self.window)
+        return self.unread
 
 
 async def drain(communicator: WebsocketCommunicator, seconds: float) -> list[dict]:
@@ -244,3 +263,50 @@ async def test_a_socket_that_goes_away_mid_handshake_leaves_the_group(session_co
     # Channels calls no disconnect() for a socket it never accepted: the consumer left the hub itself
     assert set(layer.groups.get(LIVE_GROUP, {})) == before
 
+
+
+def live_members() -> int:
+    """How many sockets of this event loop the hub sends the live group's frames to."""
+    return sum(len(hub.feeds[LIVE_GROUP].members) for (loop, _), hub in live_hub._hubs.items()
+               if loop is asyncio.get_running_loop() and LIVE_GROUP in hub.feeds)
+
+
+@pytest.mark.parametrize("falls_behind", ["frames pile up", "a frame waits too long"])
+async def test_a_page_that_stops_reading_is_closed_and_holds_up_no_one(session_cookie, settings, monkeypatch,
+                                                                        falls_behind):
+    settings.CTXLENS_LIVE_INTERVAL_MS = 1
+    reader = await connect("/ws/live/", session_cookie)
+    stuck = PageThatStopsReading("/ws/live/", session_cookie, window=4)
+    assert (await stuck.connect())[0]
+    for communicator in (reader, stuck):
+        assert (await communicator.receive_json_from())["type"] == "hello"
+    assert live_members() == 2
+    if falls_behind == "frames pile up":
+        commits = list(range(1, MAX_BACKLOG + 11))
+    else:  # a few frames, then one more after the one the page does not take has waited too long
+        monkeypatch.setattr(consumers, "SEND_TIMEOUT_S", 0.3)
+        commits = list(range(1, 7))
+    heard = []
+    for n in commits:
+        if n == commits[-1] and falls_behind != "frames pile up":
+            await asyncio.sleep(0.5)
+        await sync_to_async(ingest_committed.send)(sender=None, changes=changes(n))
+        while n not in heard:  # the page that reads hears of every commit at once
+            heard.extend((await reader.receive_json_from(timeout=2))["conversation_ids"])
+    assert heard == commits
+    for _ in range(100):  # the frozen page's socket leaves the group at once
+        if live_members() == 1:
+            break
+        await asyncio.sleep(0.01)
+    assert live_members() == 1
+
+    # The frozen page reads again, later than any timeout: the frames its connection held, then
+    # the close (the page reconnects).
+    await asyncio.sleep(1)
+    taken = []
+    while (message := await stuck.receive_output(timeout=2))["type"] == "websocket.send":
+        taken.extend(json.loads(message["text"])["conversation_ids"])
+    assert message == {"type": "websocket.close", "code": CLOSE_TRY_AGAIN_LATER}
+    assert taken == commits[:len(taken)] and len(taken) < len(commits)
+    for communicator in (reader, stuck):
+        await communicator.disconnect()
