@@ -5,23 +5,40 @@ Django 5.2's `ASGIHandler.handle` runs the view beside a task that waits for the
 uvicorn). `handle` catches it, but the task keeps the exception, the exception's traceback keeps
 `handle`'s frame, and that frame keeps the task list: a cycle holding the request, its body and
 its response until the cyclic collector's next full pass (Django ticket #36700). Under the
-standard OTLP load that was ~90 MB of request bodies waiting at any moment.
+standard OTLP load that was ~90 MB of request bodies waiting at any moment, when OTLP exports
+still went through this handler (they no longer do: pipeline.receivers.otlp_router; REST ingest
+bodies still do).
 
 Here the listener returns instead of raising. In Django 5.2 that changes nothing else: `handle`
 waits for the first task to finish, cancels the other and ignores `RequestAborted` anyway.
 (Django 6.1 rewrites `handle` around a TaskGroup in which only a raising listener cancels the
 view: pyproject pins Django below 5.3, and tests/receivers/test_asgi_handler.py fails if a
 Django release changes `handle` under this class.)
+
+It also answers 400, not 500, to a request whose headers Django cannot parse: a Content-Type
+parameter in an encoding no codec knows (`charset*=bogus''x`) raised ValueError while Django
+built the request, which its `create_request` lets through (it catches only bad UTF-8).
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from django.core.handlers.asgi import ASGIHandler
+from django.http import HttpResponseBadRequest
+
+logger = logging.getLogger("django.request")  # where Django logs the bad requests it catches itself
 
 
 class CycleFreeASGIHandler(ASGIHandler):
+    def create_request(self, scope: dict, body_file: Any) -> tuple[Any, Any]:
+        try:
+            return super().create_request(scope, body_file)
+        except (ValueError, LookupError):
+            logger.warning("Bad Request (headers that cannot be parsed): %s", scope.get("path", ""))
+            return None, HttpResponseBadRequest()
+
     async def listen_for_disconnect(self, receive: Any) -> None:
         message = await receive()
         if message["type"] != "http.disconnect":  # as Django's own listener

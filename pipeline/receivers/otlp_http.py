@@ -5,8 +5,11 @@ encoding) and the hot path should stay short. The flow — key, rate limit, size
 decode, store — is `pipeline.ingest.service.ingest`, run on an ordinary worker thread with
 only its transactions queued on the ingest writer thread (pipeline.ingest.write.writer_threads),
 so a request whose decoding takes seconds (tens of thousands of spans, a huge prompt) does not
-hold the writer while the others wait, and a huge batch is stored a chunk per transaction. The ASGI router in front (otlp_router) has usually checked the key before
-reading the body; it passes the key on in the scope.
+hold the writer while the others wait, and a huge batch is stored a chunk per transaction.
+Served through config.asgi (uvicorn, daphne), a POST never reaches these views: the ASGI router in front
+(pipeline.receivers.otlp_router) checks the key before reading the body and runs
+`export_reply` itself; the views serve the other methods, and Django's own handlers (the test
+client, WSGI).
 
 This module only translates an outcome into what OTLP clients expect: 200 with an
 Export*ServiceResponse (partial_success when some items were rejected), 400 malformed, 401/403
@@ -23,7 +26,7 @@ import os
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from asgiref.sync import sync_to_async
 from django.db import close_old_connections
@@ -37,7 +40,9 @@ from pipeline.ingest.write import deferred
 from pipeline.ingest.write.writer_threads import keep_connections_on, writer
 from pipeline.insight import finding_counts
 
-ADMITTED_KEY = "ctxlens.admitted_key"  # ASGI scope entry: the ApiKey otlp_router already admitted
+if TYPE_CHECKING:
+    from pipeline.models import ApiKey
+
 
 # gRPC status codes carried in google.rpc.Status.code
 T = TypeVar("T")
@@ -119,24 +124,33 @@ def http_response(reply: Reply) -> HttpResponse:
     return response
 
 
+def export_reply(body: bytes, content_type: str, content_encoding: str, authorization: str | None,
+                 key: ApiKey | None, logs: bool) -> Reply:
+    """The export flow on a worker thread (`off_the_loop`): ingest, then the reply. With `key`,
+    the key was checked already (otlp_router, before the body was read)."""
+    ingest_request = IngestRequest(source="otlp", body=body, content_type=content_type, logs=logs,
+                                   content_encoding=content_encoding, authorization=authorization)
+    return outcome_reply(service.ingest(ingest_request, key=key, run_store=on_writer), content_type, logs)
+
+
+def resume_background_work() -> None:
+    """After an export: once per process, the token work an earlier process left unfinished, and
+    the finding counts it left stale."""
+    deferred.resume()
+    finding_counts.resume()
+
+
 async def _export(request: HttpRequest, logs: bool) -> HttpResponse:
-    request.get_host()  # ALLOWED_HOSTS (these views are served without CommonMiddleware): 400 if not allowed
+    request.get_host()  # ALLOWED_HOSTS: 400 if not allowed (checked even where no middleware is)
     content_type = (request.content_type or "").strip().lower()
     if request.method != "POST":
         reply = post_only(content_type)
     else:
-        ingest_request = IngestRequest(
-            source="otlp", body=request.body, content_type=content_type, logs=logs,
-            content_encoding=request.headers.get("Content-Encoding", ""),
-            authorization=request.headers.get("Authorization"),
+        reply = await off_the_loop(export_reply)(
+            request.body, content_type, request.headers.get("Content-Encoding", ""),
+            request.headers.get("Authorization"), None, logs,
         )
-        key = getattr(request, "scope", {}).get(ADMITTED_KEY)
-        outcome = await off_the_loop(service.ingest)(
-            ingest_request, key=key, run_store=on_writer
-        )
-        reply = outcome_reply(outcome, content_type, logs)
-    deferred.resume()  # once per process: token work an earlier process left unfinished
-    finding_counts.resume()  # ... and finding counts it left stale
+    resume_background_work()
     return http_response(reply)
 
 

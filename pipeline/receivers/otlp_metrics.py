@@ -28,7 +28,7 @@ from pipeline.ingest.decode import otlp
 from pipeline.ingest.decode.decompress import BodyTooLarge, CorruptBody, UnsupportedEncoding, decompress
 from pipeline.ingest.service import Failed, Kind
 from pipeline.models import ApiKey
-from pipeline.receivers.otlp_http import ADMITTED_KEY, Reply, failure_reply, http_response, off_the_loop, post_only
+from pipeline.receivers.otlp_http import Reply, failure_reply, http_response, off_the_loop, post_only
 
 logger = logging.getLogger(__name__)
 
@@ -85,10 +85,9 @@ async def otlp_metrics(request: HttpRequest) -> HttpResponse:
     if request.method != "POST":
         reply = post_only(content_type)
     else:
-        key = getattr(request, "scope", {}).get(ADMITTED_KEY)
         reply = await off_the_loop(accept_metrics)(
             request.body, content_type, request.headers.get("Content-Encoding", ""),
-            request.headers.get("Authorization"), key,
+            request.headers.get("Authorization"), None,
         )
     return http_response(reply)
 

@@ -12,9 +12,10 @@ import httpx
 import pytest
 import time_machine
 from django.test import Client
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from pipeline.artifacts.periodic import periodic_cleanup
-from pipeline.models import Artifact
+from pipeline.models import ApiKey, Artifact
 from tests.factories import make_artifact
 
 EXPIRED = timedelta(hours=-1)
@@ -82,3 +83,19 @@ def test_the_served_app_cleans_without_cron(uvicorn_factory, artifact_dir):
     assert not orphan.exists() and not (artifact_dir / old.artifact_id).exists()
     assert "cleanup_artifacts: expired 1, evicted 0 (0 B), orphans 1, kept 0 (0 B) (periodic)" in server.log()
     assert str(artifact_dir) not in server.log()
+
+
+def test_an_otlp_export_alone_starts_it(uvicorn_factory, artifact_dir):
+    """pipeline.receivers.otlp_router answers an export without Django's handler: it sends the
+    `request_finished` that starts the run itself."""
+    server = uvicorn_factory({"CTXLENS_ARTIFACT_DIR": str(artifact_dir), "CTXLENS_ARTIFACT_CLEANUP_INTERVAL_S": "1"})
+    key = ApiKey.generate("agent", scope="ingest")[1]
+    time.sleep(1.5)  # past the interval of the start-up health checks' run: the next request starts one
+    old = make_artifact(artifact_dir, b"yesterday's export", expires_in=EXPIRED)
+    reply = httpx.post(f"{server.url}/v1/traces", content=ExportTraceServiceRequest().SerializeToString(),
+                       headers={"Content-Type": "application/x-protobuf", "Authorization": f"Bearer {key}"})
+    assert reply.status_code == 200
+    deadline = time.monotonic() + 30
+    while Artifact.objects.filter(pk=old.pk).exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not Artifact.objects.filter(pk=old.pk).exists()

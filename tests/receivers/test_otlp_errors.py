@@ -131,6 +131,35 @@ def test_it_rejects_json_with_base64_ids(otlp_server):
     assert row_counts() == before
 
 
+@pytest.mark.parametrize("path", ["/v1/traces", "/v1/logs", "/v1/metrics"])
+@pytest.mark.parametrize("content_type", [PROTOBUF, JSON])
+def test_it_refuses_a_host_it_does_not_serve_before_the_key(otlp_server, path, content_type):
+    """ALLOWED_HOSTS, as Django checks it for every other page, with an OTLP status saying so; before
+    the key is looked up (this request has none)."""
+    before = row_counts()
+    host = f"{path.rsplit('/', 1)[1]}.{content_type.rsplit('/', 1)[1]}.evil.example"
+    reply = httpx.post(f"{otlp_server.url}{path}", content=_request() if content_type == PROTOBUF else b"{}",
+                       timeout=60, headers={"Content-Type": content_type, "Host": host})
+    assert reply.status_code == 400 and reply.headers["content-type"] == content_type
+    assert _status(reply).message == "the Host header names a host this server does not serve"
+    assert row_counts() == before
+    assert f"Invalid HTTP_HOST header: '{host}'" in otlp_server.log()
+
+
+def test_headers_django_cannot_read_are_a_400_before_the_key(otlp_server):
+    reply = _post(otlp_server, _request(), {"Content-Type": f"{PROTOBUF}; charset*=bogus''x"})
+    assert reply.status_code == 400
+    assert _status(reply).message == "the request's headers cannot be read"
+
+
+@pytest.mark.parametrize(("method", "path"), [("POST", "/api/ingest/"), ("GET", "/healthz"), ("GET", "/")])
+def test_headers_django_cannot_read_are_a_400_on_every_page(otlp_server, method, path):
+    """Django raised ValueError building such a request: a 500 for any page, REST ingest included."""
+    reply = httpx.request(method, f"{otlp_server.url}{path}", content=b"{}", timeout=60, headers={
+        **auth(make_key()), "Content-Type": "application/json; charset*=bogus''x"})
+    assert reply.status_code == 400
+
+
 def test_it_rejects_requests_without_a_key(otlp_server):
     _assert_refused(otlp_server, _request(), {"Content-Type": PROTOBUF}, 401, "missing API key")
 

@@ -178,3 +178,14 @@ def test_otlp_json_by_hand_is_stored_and_answered_in_json(otlp_server, compress)
     assert tool.duration_ms == pytest.approx(7.0)
     span = Span.objects.get(span_id=root_hex.lower())
     assert (span.parent_span_id, span.status_code, span.scope_name) == ("", 1, "handmade")
+
+
+def test_an_exporter_keeps_its_connection_between_exports(otlp_server):
+    """A reply to a whole export leaves the connection open for the next one (a new connection per
+    export costs a TCP handshake, and a TLS one behind a proxy)."""
+    key = make_key()
+    with httpx.Client(base_url=otlp_server.url, timeout=60) as client:
+        replies = [client.post(path, content=b"", headers={**auth(key), "Content-Type": PROTOBUF})
+                   for path in ("/v1/traces", "/v1/logs", "/v1/metrics")]
+    assert [reply.status_code for reply in replies] == [200, 200, 200]
+    assert [reply.headers.get("connection") for reply in replies] == [None, None, None]
