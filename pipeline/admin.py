@@ -42,6 +42,11 @@ logger = logging.getLogger(__name__)
 PREVIEW_BYTES = 4096
 
 
+class DeletedMeanwhile(Exception):
+    """The row an admin edit saves was deleted after the edit read it (on PostgreSQL, by another
+    operator, `prune` or ingest replacing its span, committed meanwhile)."""
+
+
 class FiguresFollowAdminChanges:
     """Rounds, calls, compressions and skill activations edited or deleted here keep the derived
     figures right, in the change's transaction: the rollups follow (the ORM hooks for a save,
@@ -59,6 +64,13 @@ class FiguresFollowAdminChanges:
         names = {field.name for field in self.model._meta.fields}
         return (*(n for n in ("trace_id", "span_id") if n in names), *super().get_readonly_fields(request, obj))
 
+    def changeform_view(self, request: HttpRequest, object_id: str | None = None, form_url: str = "",
+                        extra_context: dict | None = None):
+        try:
+            return super().changeform_view(request, object_id, form_url, extra_context)
+        except DeletedMeanwhile:  # its transaction rolled back: said as Django says it of a row gone before
+            return self._get_obj_does_not_exist_redirect(request, self.opts, object_id)
+
     def save_model(self, request: HttpRequest, obj: Model, form, change: bool) -> None:
         if change and not form.has_changed():  # nothing to write (the form would round times to seconds)
             return
@@ -69,7 +81,9 @@ class FiguresFollowAdminChanges:
         with transaction.atomic(), rollups.batched():  # the rollup rows in one pass, at the end
             locked = _lock_conversations(lambda: {*model.objects.filter(pk=obj.pk).values_list(
                 "conversation_id", flat=True), obj.conversation_id})
-            before = model.objects.get(pk=obj.pk)
+            before = model.objects.filter(pk=obj.pk).first()
+            if before is None:  # saved, it would come back without its figures
+                raise DeletedMeanwhile
             super().save_model(request, obj, form, change)
             if model is LLMCall:  # what it carries follows its input, tokens, model and cost
                 tool_context.update_for_calls([obj.pk])

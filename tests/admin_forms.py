@@ -8,6 +8,13 @@ from django.urls import reverse
 
 def edit_in_the_admin(client, row: Model, **changed) -> None:
     """POST `row`'s admin change form as the page shows it, with `changed` values."""
+    url, data = change_form(client, row, **changed)
+    response = client.post(url, data)
+    assert response.status_code == 302, response.context["adminform"].form.errors
+
+
+def change_form(client, row: Model, **changed) -> tuple[str, dict]:
+    """`row`'s admin change page and the data its form would POST, with `changed` values."""
     url = reverse(f"admin:pipeline_{row._meta.model_name}_change", args=[row.pk])
     form = client.get(url).context["adminform"].form
     data: dict = {}
@@ -23,5 +30,4 @@ def edit_in_the_admin(client, row: Model, **changed) -> None:
         if field.show_hidden_initial:  # the page's hidden copy of a field with a callable default
             put(f"initial-{name}", field, form[name].value())
     data.update({name: value for name, value in changed.items() if name not in form.fields})  # the form ignores them
-    response = client.post(url, data)
-    assert response.status_code == 302, response.context["adminform"].form.errors
+    return url, data

@@ -1,0 +1,94 @@
+"""Two transactions at once on PostgreSQL: one held open after its work, another run until it
+waits on a lock (or has finished, when nothing made it wait), then the first commits.
+
+SQLite runs one writer at a time (BEGIN IMMEDIATE), so there the second could not even start:
+tests using these run on CI's PostgreSQL pass.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable
+
+import pytest
+from django.db import connection, connections, transaction
+
+needs_postgres = pytest.mark.skipif(
+    not os.environ.get("DATABASE_URL", "").startswith("postgres"),
+    reason="needs a PostgreSQL DATABASE_URL: SQLite has one writer, so these transactions cannot overlap",
+)
+
+
+class Held:
+    """`work()` in a thread whose transaction stays open until `commit()`."""
+
+    def __init__(self, work: Callable[[], object]) -> None:
+        self._work = work
+        self._worked, self._release = threading.Event(), threading.Event()
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run)
+        self._thread.start()
+        assert self._worked.wait(30), "the held transaction did not finish its work"
+        if self.error:
+            raise self.error
+
+    def _run(self) -> None:
+        try:
+            with transaction.atomic():
+                self._work()
+                self._worked.set()
+                self._release.wait(30)
+        except BaseException as error:  # reported to the test
+            self.error = error
+            self._worked.set()
+        finally:
+            connections.close_all()
+
+    def commit(self) -> None:
+        self._release.set()
+        self._thread.join(30)
+        if self.error:
+            raise self.error
+
+
+def run_until_it_waits(work: Callable[[], object]) -> threading.Thread:
+    """Start `work` in a thread; return once it has finished or waits on a database lock."""
+    done = threading.Event()
+    backend: list[int] = []
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT pg_backend_pid()")
+                backend.append(cursor.fetchone()[0])
+            work()
+        except BaseException as error:
+            errors.append(error)
+        finally:
+            connections.close_all()
+            done.set()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.errors = errors  # type: ignore[attr-defined]
+    deadline = time.monotonic() + 30
+    while not done.is_set() and time.monotonic() < deadline:
+        if backend:
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", [backend[0]])
+                row = cursor.fetchone()
+            if row and row[0] == "Lock":
+                return thread
+        time.sleep(0.02)
+    assert done.is_set(), "the concurrent request neither finished nor waited on a lock"
+    return thread
+
+
+def finish(thread: threading.Thread) -> None:
+    thread.join(30)
+    assert not thread.is_alive()
+    if thread.errors:  # type: ignore[attr-defined]
+        raise thread.errors[0]  # type: ignore[attr-defined]
