@@ -44,7 +44,7 @@ PREVIEW_BYTES = 4096
 
 class DeletedMeanwhile(Exception):
     """The row an admin edit saves was deleted after the edit read it (on PostgreSQL, by another
-    operator, `prune` or ingest replacing its span, committed meanwhile)."""
+    operator, a `prune` batch or ingest replacing its span, committed meanwhile)."""
 
 
 class FiguresFollowAdminChanges:
@@ -81,9 +81,13 @@ class FiguresFollowAdminChanges:
         with transaction.atomic(), rollups.batched():  # the rollup rows in one pass, at the end
             locked = _lock_conversations(lambda: {*model.objects.filter(pk=obj.pk).values_list(
                 "conversation_id", flat=True), obj.conversation_id})
-            before = model.objects.filter(pk=obj.pk).first()
+            # Locked: a prune batch deletes rows without the conversation's lock.
+            before = model.objects.select_for_update().filter(pk=obj.pk).first()
             if before is None:  # saved, it would come back without its figures
                 raise DeletedMeanwhile
+            for field in model._meta.concrete_fields:  # what the operator left alone, as stored now
+                if field.name not in form.changed_data:  # (a call it points to may be gone meanwhile)
+                    setattr(obj, field.attname, getattr(before, field.attname))
             super().save_model(request, obj, form, change)
             if model is LLMCall:  # what it carries follows its input, tokens, model and cost
                 tool_context.update_for_calls([obj.pk])

@@ -76,8 +76,11 @@ def delete_in_batches(queryset: models.QuerySet, batch_size: int = BATCH_SIZE) -
     model = queryset.model
     deleted = batches = 0
     while True:
-        with transaction.atomic():
-            ids = list(queryset.order_by("pk").values_list("pk", flat=True)[:batch_size])
+        # The rows locked first and the rollup rows last, in ingest's order: an admin edit of one
+        # of them holds its row, then writes the rollups; and what leaves the rollups is what goes.
+        with transaction.atomic(), rollups.batched():
+            locked = queryset.select_for_update(of=("self",)).order_by("pk")
+            ids = list(locked.values_list("pk", flat=True)[:batch_size])
             if not ids:
                 return deleted, batches
             rollups.deleting(model, ids)  # LLM and tool calls leave their rollups

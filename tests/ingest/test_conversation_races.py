@@ -1,10 +1,6 @@
-"""Two ingest transactions on one conversation or one trace at once, on PostgreSQL.
-
-One request's transaction is held open after it stored its spans; another request for the same
-conversation (or the same trace) runs meanwhile and, once it waits on a lock (or has finished,
-when nothing made it wait), the first commits. SQLite runs one writer at a time (BEGIN
-IMMEDIATE), so there the second could not even start: these run on CI's PostgreSQL pass.
-"""
+"""Two ingest transactions on one conversation or one trace at once, on PostgreSQL
+(tests.concurrency): one request's transaction is held open after it stored its spans while
+another request for the same conversation (or the same trace) runs."""
 
 from __future__ import annotations
 

@@ -3,21 +3,26 @@
 from __future__ import annotations
 
 import json
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from django.contrib import admin
 from django.contrib.messages import get_messages
+from django.db import connection, connections
 from django.urls import reverse
 
 from pipeline.ingest.records import SpanRecord
 from pipeline.ingest.write.store import store_spans
-from pipeline.models import Conversation, LLMCall, Rollup
+from pipeline.models import Conversation, LLMCall, Rollup, ToolCall
+from pipeline.retention import delete_in_batches
 from pipeline.rollups.compact import rebuild_rollups
 from tests.admin_forms import change_form
 from tests.concurrency import Held, finish, needs_postgres, run_until_it_waits
 
 pytestmark = [pytest.mark.django_db(transaction=True), needs_postgres]
+TRACE = "5cf92f3577b34da6a3ce929d0e0e4799"
 
 
 def rollup_rows() -> list[tuple]:
@@ -25,35 +30,122 @@ def rollup_rows() -> list[tuple]:
                                              "sums"))
 
 
-def test_an_llm_call_deleted_while_an_operator_saves_it_is_said_gone_and_stays_gone(client, alice):
-    """Another operator deletes the call after this one's save has read it, and commits while the
-    save waits on the conversation's lock: the save must not put the row back without its
-    figures, nor fail with a 500."""
-    now = time.time_ns()  # the rebuild compared with keeps the recent minutes
+def a_call_and_its_tool() -> LLMCall:
+    """One stored LLM call (recent: the rebuild compared with keeps the recent minutes) that asked
+    for a tool, and the tool call that answered it."""
+    now = time.time_ns()
     asks = [{"role": "assistant", "parts": [{"type": "tool_call", "id": "call_1", "name": "lookup", "arguments": {}}]}]
-    store_spans([SpanRecord("5cf92f3577b34da6a3ce929d0e0e4799", "0000000000000001", "chat gpt-4o", now - 10**9, now,
-                            attributes={"gen_ai.operation.name": "chat", "gen_ai.conversation.id": "conv-race",
-                                        "gen_ai.request.model": "gpt-4o", "gen_ai.usage.input_tokens": 1200,
-                                        "gen_ai.usage.output_tokens": 30,
-                                        "gen_ai.output.messages": json.dumps(asks)})])
+    common = {"gen_ai.conversation.id": "conv-race"}
+    store_spans([
+        SpanRecord(TRACE, "0000000000000001", "chat gpt-4o", now - 3 * 10**9, now - 2 * 10**9, attributes={
+            **common, "gen_ai.operation.name": "chat", "gen_ai.request.model": "gpt-4o",
+            "gen_ai.usage.input_tokens": 1200, "gen_ai.usage.output_tokens": 30,
+            "gen_ai.output.messages": json.dumps(asks)}),
+        SpanRecord(TRACE, "0000000000000002", "execute_tool lookup", now - 2 * 10**9, now - 10**9, attributes={
+            **common, "gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "lookup",
+            "gen_ai.tool.call.id": "call_1"}),
+    ])
     call = LLMCall.objects.get()
+    assert ToolCall.objects.get().llm_call_id == call.pk
+    return call
+
+
+def delete_in_the_admin(call: LLMCall) -> None:
+    admin.site._registry[LLMCall].delete_model(None, LLMCall.objects.get(pk=call.pk))
+
+
+def delete_in_a_prune_batch(call: LLMCall) -> None:
+    delete_in_batches(LLMCall.objects.filter(pk=call.pk))
+
+
+def save_while_held(client, url: str, data: dict, held_work) -> object:
+    """POST the admin form while `held_work` is done and not yet committed by another connection;
+    commit it once the save waits on a lock; the save's response."""
+    held = Held(held_work)
+    responses = []
+    saving = run_until_it_waits(lambda: responses.append(client.post(url, data)))
+    assert not responses, "the save did not wait for the other writer: the race this test is about did not happen"
+    held.commit()
+    finish(saving)
+    return responses[0]
+
+
+@pytest.mark.parametrize("deleted_by", [delete_in_the_admin, delete_in_a_prune_batch], ids=["admin", "prune"])
+def test_an_llm_call_deleted_while_an_operator_saves_it_is_said_gone_and_stays_gone(client, alice, deleted_by):
+    """Another operator (who locks the conversation) or a prune batch (which locks the rows) deletes
+    the call after this save has read it, and commits while the save waits: the save must not put
+    the row back without its figures, nor fail with a 500."""
+    call = a_call_and_its_tool()
     client.force_login(alice)
     url, data = change_form(client, call, input_tokens=5000)
 
-    deleting = Held(lambda: admin.site._registry[LLMCall].delete_model(None, LLMCall.objects.get(pk=call.pk)))
-    responses = []
-    saving = run_until_it_waits(lambda: responses.append(client.post(url, data)))
-    assert not responses, "the save did not wait for the delete: the race this test is about did not happen"
-    deleting.commit()
-    finish(saving)
+    response = save_while_held(client, url, data, lambda: deleted_by(call))
 
-    response = responses[0]
     assert response.status_code == 302 and response.url == reverse("admin:index")
     assert [str(m) for m in get_messages(response.wsgi_request)] == [
         f"llm call with ID “{call.pk}” doesn’t exist. Perhaps it was deleted?"]
     assert not LLMCall.objects.exists()
-    conversation = Conversation.objects.get()
-    assert (conversation.llm_call_count, conversation.input_tokens) == (0, 0)
+    assert ToolCall.objects.get().llm_call_id is None
+    incremental = rollup_rows()
+    rebuild_rollups()
+    assert rollup_rows() == incremental
+
+
+def test_a_tool_call_saved_while_its_llm_call_is_deleted_keeps_what_the_delete_left(client, alice):
+    """The delete of the call unlinks its tool calls; the tool call's form still names the call:
+    the save writes what the operator changed, not the link it read before (a foreign key to a
+    deleted row, refused at commit with a 500)."""
+    call = a_call_and_its_tool()
+    tool = ToolCall.objects.get()
+    client.force_login(alice)
+    url, data = change_form(client, tool, success=False)
+    assert data["llm_call"] == call.pk
+
+    response = save_while_held(client, url, data, lambda: delete_in_the_admin(call))
+
+    assert response.status_code == 302 and response.url == reverse("admin:pipeline_toolcall_changelist")
+    tool.refresh_from_db()
+    assert (tool.success, tool.llm_call_id) == (False, None)
+    assert Conversation.objects.get().error_count == 1
+    incremental = rollup_rows()
+    rebuild_rollups()
+    assert rollup_rows() == incremental
+
+
+def test_a_prune_batch_and_an_admin_edit_of_its_rows_queue_instead_of_deadlocking(client, alice):
+    """The edit holds the call's row and is about to write the rollups; a prune batch deleting that
+    call waits for the row before it takes any rollup row. (It took the rollup rows first: each
+    then waited for the other, and PostgreSQL aborted one of them.)"""
+    call = a_call_and_its_tool()
+    client.force_login(alice)
+    url, data = change_form(client, call, input_tokens=5000)
+    at_the_rollups, go_on = threading.Event(), threading.Event()
+
+    def paused_before_the_rollups(execute, sql, params, many, context):
+        if "pipeline_rollup" in sql and not at_the_rollups.is_set():
+            at_the_rollups.set()
+            assert go_on.wait(30)
+        return execute(sql, params, many, context)
+
+    def edit() -> None:
+        try:
+            with connection.execute_wrapper(paused_before_the_rollups):
+                responses.append(client.post(url, data))
+        finally:
+            connections.close_all()
+
+    responses = []
+    editing = ThreadPoolExecutor(1)
+    edited = editing.submit(edit)
+    assert at_the_rollups.wait(30) and not responses
+    pruning = run_until_it_waits(lambda: delete_in_a_prune_batch(call))
+    go_on.set()
+    edited.result(30)
+    editing.shutdown()
+    finish(pruning)
+
+    assert responses[0].status_code == 302 and responses[0].url == reverse("admin:pipeline_llmcall_changelist")
+    assert not LLMCall.objects.exists()
     incremental = rollup_rows()
     rebuild_rollups()
     assert rollup_rows() == incremental
