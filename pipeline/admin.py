@@ -64,12 +64,19 @@ class FiguresFollowAdminChanges:
         names = {field.name for field in self.model._meta.fields}
         return (*(n for n in ("trace_id", "span_id") if n in names), *super().get_readonly_fields(request, obj))
 
+    # Ingest deletes the rows of a span it replaces before it locks their conversation: against an
+    # edit or delete here, PostgreSQL may end the deadlock by aborting this side, which starts again.
     def changeform_view(self, request: HttpRequest, object_id: str | None = None, form_url: str = "",
                         extra_context: dict | None = None):
+        view = super().changeform_view
         try:
-            return super().changeform_view(request, object_id, form_url, extra_context)
+            return sql.retrying_deadlocks(lambda: view(request, object_id, form_url, extra_context))
         except DeletedMeanwhile:  # its transaction rolled back: said as Django says it of a row gone before
             return self._get_obj_does_not_exist_redirect(request, self.opts, object_id)
+
+    def delete_view(self, request: HttpRequest, object_id: str, extra_context: dict | None = None):
+        view = super().delete_view
+        return sql.retrying_deadlocks(lambda: view(request, object_id, extra_context))
 
     def save_model(self, request: HttpRequest, obj: Model, form, change: bool) -> None:
         if change and not form.has_changed():  # nothing to write (the form would round times to seconds)
@@ -81,12 +88,15 @@ class FiguresFollowAdminChanges:
         with transaction.atomic(), rollups.batched():  # the rollup rows in one pass, at the end
             locked = _lock_conversations(lambda: {*model.objects.filter(pk=obj.pk).values_list(
                 "conversation_id", flat=True), obj.conversation_id})
-            # Locked: a prune batch deletes rows without the conversation's lock.
-            before = model.objects.select_for_update().filter(pk=obj.pk).first()
+            # Locked: another writer's delete of it is waited for, and then it is gone.
+            before = model.objects.select_for_update(of=("self",)).filter(pk=obj.pk).order_by("pk").first()
             if before is None:  # saved, it would come back without its figures
                 raise DeletedMeanwhile
-            for field in model._meta.concrete_fields:  # what the operator left alone, as stored now
-                if field.name not in form.changed_data:  # (a call it points to may be gone meanwhile)
+            # What this request's form did not change, as stored now: a call it pointed to when
+            # the request read it may be gone. (A change made while the page was open is still
+            # overwritten, as Django's admin does.)
+            for field in model._meta.concrete_fields:
+                if field.name not in form.changed_data:
                     setattr(obj, field.attname, getattr(before, field.attname))
             super().save_model(request, obj, form, change)
             if model is LLMCall:  # what it carries follows its input, tokens, model and cost
@@ -99,6 +109,9 @@ class FiguresFollowAdminChanges:
         self.delete_queryset(request, type(obj).objects.filter(pk=obj.pk))
 
     def delete_queryset(self, request: HttpRequest, queryset: QuerySet) -> None:
+        sql.retrying_deadlocks(lambda: self._delete_queryset(queryset))  # the delete action: no outer transaction
+
+    def _delete_queryset(self, queryset: QuerySet) -> None:
         with transaction.atomic():
             def rows_now() -> list[Model]:
                 return list(queryset.model.objects.filter(pk__in=queryset.values("pk")))

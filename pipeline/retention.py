@@ -73,20 +73,31 @@ def delete_in_batches(queryset: models.QuerySet, batch_size: int = BATCH_SIZE) -
     Returns (rows of queryset's model deleted, batches). Cascades and post_delete receivers
     (artifact files) run as usual inside each batch.
     """
-    model = queryset.model
     deleted = batches = 0
-    while True:
-        # The rows locked first and the rollup rows last, in ingest's order: an admin edit of one
-        # of them holds its row, then writes the rollups; and what leaves the rollups is what goes.
-        with transaction.atomic(), rollups.batched():
-            locked = queryset.select_for_update(of=("self",)).order_by("pk")
-            ids = list(locked.values_list("pk", flat=True)[:batch_size])
-            if not ids:
-                return deleted, batches
-            rollups.deleting(model, ids)  # LLM and tool calls leave their rollups
-            _, per_model = model.objects.filter(pk__in=ids).delete()
-        deleted += per_model.get(model._meta.label, 0)
+    while (count := sql.retrying_deadlocks(lambda: _delete_batch(queryset, batch_size))) is not None:
+        deleted += count
         batches += 1
+    return deleted, batches
+
+
+def _delete_batch(queryset: models.QuerySet, batch_size: int) -> int | None:
+    """Delete up to `batch_size` rows of `queryset` in one transaction: how many went, None when
+    none was left. Locks are taken in ingest's order (the rows' conversations, the rows, the rollup
+    rows last), as the admin's edits and deletes take them too."""
+    model = queryset.model
+    with transaction.atomic(), rollups.batched():
+        ids = list(queryset.order_by("pk").values_list("pk", flat=True)[:batch_size])
+        if not ids:
+            return None
+        if any(field.name == "conversation" for field in model._meta.concrete_fields):
+            sql.lock_rows(Conversation, set(model.objects.filter(pk__in=ids).exclude(conversation=None)
+                                            .values_list("conversation_id", flat=True)))
+        # again, now locked: a conversation may have come back to life, a row have gone meanwhile
+        ids = list(queryset.filter(pk__in=ids).select_for_update(of=("self",)).order_by("pk")
+                   .values_list("pk", flat=True))
+        rollups.deleting(model, ids)  # LLM and tool calls leave their rollups
+        _, per_model = model.objects.filter(pk__in=ids).delete()
+    return per_model.get(model._meta.label, 0)
 
 
 # Children before parents, so each conversation's final delete finds nothing left to cascade.

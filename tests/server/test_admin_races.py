@@ -112,40 +112,111 @@ def test_a_tool_call_saved_while_its_llm_call_is_deleted_keeps_what_the_delete_l
     assert rollup_rows() == incremental
 
 
+class PausedAt:
+    """`work()` in a thread whose connection stops just before its first statement containing
+    `fragment`, until `go_on()`; `result()` is what work returned (its error raised)."""
+
+    def __init__(self, fragment: str, work) -> None:
+        self._reached, self._go_on = threading.Event(), threading.Event()
+
+        def paused(execute, sql, params, many, context):
+            if fragment in sql and not self._reached.is_set():
+                self._reached.set()
+                assert self._go_on.wait(30)
+            return execute(sql, params, many, context)
+
+        def run():
+            try:
+                with connection.execute_wrapper(paused):
+                    return work()
+            finally:
+                connections.close_all()
+
+        self._pool = ThreadPoolExecutor(1)
+        self._future = self._pool.submit(run)
+        assert self._reached.wait(30), f"the work never ran a statement with {fragment!r}"
+
+    def go_on(self) -> None:
+        self._go_on.set()
+
+    def result(self):
+        try:
+            return self._future.result(30)
+        finally:
+            self._pool.shutdown()
+
+
 def test_a_prune_batch_and_an_admin_edit_of_its_rows_queue_instead_of_deadlocking(client, alice):
     """The edit holds the call's row and is about to write the rollups; a prune batch deleting that
-    call waits for the row before it takes any rollup row. (It took the rollup rows first: each
-    then waited for the other, and PostgreSQL aborted one of them.)"""
+    call waits before it takes any rollup row. (It took the rollup rows first: each then waited
+    for the other, and PostgreSQL aborted one of them.)"""
     call = a_call_and_its_tool()
     client.force_login(alice)
     url, data = change_form(client, call, input_tokens=5000)
-    at_the_rollups, go_on = threading.Event(), threading.Event()
 
-    def paused_before_the_rollups(execute, sql, params, many, context):
-        if "pipeline_rollup" in sql and not at_the_rollups.is_set():
-            at_the_rollups.set()
-            assert go_on.wait(30)
-        return execute(sql, params, many, context)
-
-    def edit() -> None:
-        try:
-            with connection.execute_wrapper(paused_before_the_rollups):
-                responses.append(client.post(url, data))
-        finally:
-            connections.close_all()
-
-    responses = []
-    editing = ThreadPoolExecutor(1)
-    edited = editing.submit(edit)
-    assert at_the_rollups.wait(30) and not responses
+    editing = PausedAt("pipeline_rollup", lambda: client.post(url, data))
     pruning = run_until_it_waits(lambda: delete_in_a_prune_batch(call))
-    go_on.set()
-    edited.result(30)
-    editing.shutdown()
+    assert pruning.is_alive()
+    editing.go_on()
+    response = editing.result()
     finish(pruning)
 
-    assert responses[0].status_code == 302 and responses[0].url == reverse("admin:pipeline_llmcall_changelist")
+    assert response.status_code == 302 and response.url == reverse("admin:pipeline_llmcall_changelist")
     assert not LLMCall.objects.exists()
+    incremental = rollup_rows()
+    rebuild_rollups()
+    assert rollup_rows() == incremental
+
+
+def test_a_prune_batch_and_an_admin_delete_of_the_same_call_queue_instead_of_deadlocking(client, alice):
+    """The operator's delete has unlinked the call's tool requests and is about to delete the call;
+    a prune batch deleting the same call waits for the conversation. (It locked the call first,
+    then its cascade waited for the tool requests the delete held: PostgreSQL aborted the prune.)"""
+    call = a_call_and_its_tool()
+    client.force_login(alice)
+    url = reverse("admin:pipeline_llmcall_delete", args=[call.pk])
+
+    deleting = PausedAt('DELETE FROM "pipeline_llmcall"', lambda: client.post(url, {"post": "yes"}))
+    pruning = run_until_it_waits(lambda: delete_in_a_prune_batch(call))
+    assert pruning.is_alive()
+    deleting.go_on()
+    response = deleting.result()
+    finish(pruning)
+
+    assert response.status_code == 302 and response.url == reverse("admin:pipeline_llmcall_changelist")
+    assert not LLMCall.objects.exists()
+    incremental = rollup_rows()
+    rebuild_rollups()
+    assert rollup_rows() == incremental
+
+
+def test_an_admin_edit_deadlocked_with_ingest_replacing_the_call_starts_again(client, alice):
+    """Ingest of a finished span deletes the rows its open version left, then locks their
+    conversation; an edit of the call locks the conversation, then the call's row. PostgreSQL
+    aborts one of the two; either starts again, and the edit's answer is never a 500."""
+    started = time.time_ns() - 10**9
+
+    def chat(end: int) -> SpanRecord:
+        return SpanRecord(TRACE, "0000000000000001", "chat gpt-4o", started, end, attributes={
+            "gen_ai.conversation.id": "conv-race", "gen_ai.operation.name": "chat",
+            "gen_ai.request.model": "gpt-4o", "gen_ai.usage.input_tokens": 1200})
+    store_spans([chat(0)])  # still running
+    call = LLMCall.objects.get()
+    client.force_login(alice)
+    url, data = change_form(client, call, output_tokens=7)
+
+    ingesting = PausedAt(" FOR UPDATE", lambda: store_spans([chat(started + 10**8)]))  # the conversation's lock
+    responses = []
+    saving = run_until_it_waits(lambda: responses.append(client.post(url, data)))
+    assert saving.is_alive()
+    ingesting.go_on()
+    assert ingesting.result().accepted == 1
+    finish(saving)
+
+    # The edit won and ingest stored the finished call after it, or ingest won and the edited row was gone.
+    assert responses[0].status_code == 302
+    assert responses[0].url in (reverse("admin:pipeline_llmcall_changelist"), reverse("admin:index"))
+    assert LLMCall.objects.get().duration_ms == 100.0
     incremental = rollup_rows()
     rebuild_rollups()
     assert rollup_rows() == incremental

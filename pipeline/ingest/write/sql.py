@@ -12,16 +12,18 @@ through the ORM exactly as if the ORM had written it.
 from __future__ import annotations
 
 import hashlib
+import random
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from datetime import UTC, datetime, timedelta
 from operator import attrgetter, itemgetter
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 from django.conf import settings
-from django.db import DEFAULT_DB_ALIAS, connection, connections
+from django.db import DEFAULT_DB_ALIAS, OperationalError, connection, connections
 from django.db.models import NOT_PROVIDED, DateTimeField, JSONField, Model
 from django.db.models.base import ModelState
 from django.db.models.fields.related_descriptors import ForeignKeyDeferredAttribute
@@ -168,6 +170,23 @@ def is_deadlock(error: BaseException) -> bool:
     """A deadlock or serialization failure the database resolved by aborting us: safe to retry."""
     cause = error.__cause__
     return getattr(cause, "sqlstate", None) in ("40P01", "40001") or "deadlock detected" in str(error)
+
+
+T = TypeVar("T")
+
+
+def retrying_deadlocks(work: Callable[[], T], attempts: int = 5) -> T:
+    """`work()`, a whole transaction, run again when the database aborted it to end a deadlock (a
+    writer that takes its locks in another order than ingest's). Inside an outer transaction the
+    error goes up: only the outermost can start again."""
+    for attempt in range(attempts):
+        try:
+            return work()
+        except OperationalError as error:
+            if attempt == attempts - 1 or connection.in_atomic_block or not is_deadlock(error):
+                raise
+            time.sleep(random.uniform(0.01, 0.05) * (attempt + 1))
+    raise AssertionError("unreachable: the last attempt returns or raises")
 
 
 # ---- values ---------------------------------------------------------------------------------
