@@ -146,41 +146,30 @@ class PausedAt:
             self._pool.shutdown()
 
 
-def test_a_prune_batch_and_an_admin_edit_of_its_rows_queue_instead_of_deadlocking(client, alice):
-    """The edit holds the call's row and is about to write the rollups; a prune batch deleting that
-    call waits before it takes any rollup row. (It took the rollup rows first: each then waited
-    for the other, and PostgreSQL aborted one of them.)"""
+# The statement each admin change is paused before. Before the fix, against a prune batch:
+# - the edit held the call's row there; prune took the rollup rows, then waited for the row;
+# - the delete held the call's tool requests there; prune locked the call, then its cascade
+#   waited for them.
+PAUSED_BEFORE = {"edit": "pipeline_rollup", "delete": 'DELETE FROM "pipeline_llmcall"'}
+
+
+@pytest.mark.parametrize("change", PAUSED_BEFORE)
+def test_a_prune_batch_queues_behind_an_admin_change_of_the_same_call_instead_of_deadlocking(client, alice, change):
+    """The operator's change of the call is paused before its last step; a prune batch deleting
+    the same call waits for it. (Before, each of the two waited for the other, and PostgreSQL
+    aborted one of them.)"""
     call = a_call_and_its_tool()
     client.force_login(alice)
-    url, data = change_form(client, call, input_tokens=5000)
+    if change == "edit":
+        url, data = change_form(client, call, input_tokens=5000)
+    else:
+        url, data = reverse("admin:pipeline_llmcall_delete", args=[call.pk]), {"post": "yes"}
 
-    editing = PausedAt("pipeline_rollup", lambda: client.post(url, data))
+    changing = PausedAt(PAUSED_BEFORE[change], lambda: client.post(url, data))
     pruning = run_until_it_waits(lambda: delete_in_a_prune_batch(call))
     assert pruning.is_alive()
-    editing.go_on()
-    response = editing.result()
-    finish(pruning)
-
-    assert response.status_code == 302 and response.url == reverse("admin:pipeline_llmcall_changelist")
-    assert not LLMCall.objects.exists()
-    incremental = rollup_rows()
-    rebuild_rollups()
-    assert rollup_rows() == incremental
-
-
-def test_a_prune_batch_and_an_admin_delete_of_the_same_call_queue_instead_of_deadlocking(client, alice):
-    """The operator's delete has unlinked the call's tool requests and is about to delete the call;
-    a prune batch deleting the same call waits for the conversation. (It locked the call first,
-    then its cascade waited for the tool requests the delete held: PostgreSQL aborted the prune.)"""
-    call = a_call_and_its_tool()
-    client.force_login(alice)
-    url = reverse("admin:pipeline_llmcall_delete", args=[call.pk])
-
-    deleting = PausedAt('DELETE FROM "pipeline_llmcall"', lambda: client.post(url, {"post": "yes"}))
-    pruning = run_until_it_waits(lambda: delete_in_a_prune_batch(call))
-    assert pruning.is_alive()
-    deleting.go_on()
-    response = deleting.result()
+    changing.go_on()
+    response = changing.result()
     finish(pruning)
 
     assert response.status_code == 302 and response.url == reverse("admin:pipeline_llmcall_changelist")
