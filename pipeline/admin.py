@@ -19,6 +19,7 @@ from pipeline.artifacts.store import ArtifactError, open_artifact
 from pipeline.ingest.write import sql, tool_context
 from pipeline.ingest.write.counters import recompute_counters
 from pipeline.insight import finding_counts
+from pipeline.retention import delete_conversations
 from pipeline.rollups import track as rollups
 from pipeline.signals import IngestChanges, empty_changes, ingest_committed
 from pipeline.models import (
@@ -299,6 +300,19 @@ class ConversationAdmin(admin.ModelAdmin):
     list_filter = ("status", "model")
     search_fields = ("external_id", "title", "agent_name", "user_id")
     date_hierarchy = "last_activity_at"
+
+    # Deleted as prune deletes them, locking in ingest's order (Django's own delete writes the
+    # rollups first and locks the conversation last); started again after a deadlock.
+    def delete_view(self, request: HttpRequest, object_id: str, extra_context: dict | None = None):
+        view = super().delete_view
+        return sql.retrying_deadlocks(lambda: view(request, object_id, extra_context))
+
+    def delete_model(self, request: HttpRequest, obj: Conversation) -> None:
+        self.delete_queryset(request, Conversation.objects.filter(pk=obj.pk))
+
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet) -> None:
+        ids = list(queryset.values_list("pk", flat=True))
+        sql.retrying_deadlocks(lambda: delete_conversations(ids))
 
 
 @admin.register(Round)

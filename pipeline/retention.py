@@ -100,6 +100,17 @@ def _delete_batch(queryset: models.QuerySet, batch_size: int) -> int | None:
     return per_model.get(model._meta.label, 0)
 
 
+def delete_conversations(ids: list[int], **still: object) -> dict[str, int]:
+    """Delete the conversations `ids` that still match `still` (lookups), with every row that is
+    theirs, in one transaction; Django's counts by model. Locks are taken in ingest's order: the
+    conversations (in id order, read again under the lock), then their rows, the rollup rows
+    last (their pre_delete hook takes their calls out, written at the end)."""
+    with transaction.atomic(), rollups.batched():
+        locked = list(Conversation.objects.select_for_update().filter(pk__in=ids, **still)
+                      .order_by("pk").values_list("pk", flat=True))
+        return Conversation.objects.filter(pk__in=locked).delete()[1]
+
+
 # Children before parents, so each conversation's final delete finds nothing left to cascade.
 _CONVERSATION_CHILDREN: list[tuple[type[models.Model], str]] = [
     (ToolResultCarry, "tool_result_carries"),
@@ -162,15 +173,10 @@ def prune(
                 deleted, batches = delete_in_batches(rows, batch_size)
             _count(result, model, deleted)
             result.batches += batches
-        with transaction.atomic(), rollups.batched():
-            # Locked, then re-checked: a span ingested meanwhile makes the conversation current
-            # again, and one being ingested now is waited for. Locking before the delete reads
-            # what leaves the rollups also takes the locks in ingest's order (conversation, then
-            # rollup rows), so the two cannot deadlock.
-            old = list(Conversation.objects.select_for_update().filter(
-                pk__in=conversation_ids, last_activity_at__lt=result.cutoff
-            ).order_by("pk").values_list("pk", flat=True))
-            _, per_model = Conversation.objects.filter(pk__in=old).delete()
+        # Re-checked under the lock: a span ingested meanwhile makes the conversation current
+        # again, and one being ingested now is waited for.
+        per_model = sql.retrying_deadlocks(lambda: delete_conversations(
+            conversation_ids, last_activity_at__lt=result.cutoff))
         result.batches += 1 + _recount_survivors(conversation_ids)
         result.conversations += per_model.get(Conversation._meta.label, 0)
         for label, count in per_model.items():

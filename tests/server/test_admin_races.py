@@ -10,16 +10,18 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from django.contrib import admin
 from django.contrib.messages import get_messages
-from django.db import connection, connections
+from django.db import connection, connections, transaction
 from django.urls import reverse
 
 from pipeline.ingest.records import SpanRecord
+from pipeline.ingest.write import sql
 from pipeline.ingest.write.store import store_spans
 from pipeline.models import Conversation, LLMCall, Rollup, ToolCall
 from pipeline.retention import delete_in_batches
 from pipeline.rollups.compact import rebuild_rollups
 from tests.admin_forms import change_form
 from tests.concurrency import Held, finish, needs_postgres, run_until_it_waits
+from tests.factories import make_conversation
 
 pytestmark = [pytest.mark.django_db(transaction=True), needs_postgres]
 TRACE = "5cf92f3577b34da6a3ce929d0e0e4799"
@@ -114,15 +116,18 @@ def test_a_tool_call_saved_while_its_llm_call_is_deleted_keeps_what_the_delete_l
 
 class PausedAt:
     """`work()` in a thread whose connection stops just before its first statement containing
-    `fragment`, until `go_on()`; `result()` is what work returned (its error raised)."""
+    `fragment` (once one containing `after` has run), until `go_on()`; `result()` is what work
+    returned (its error raised)."""
 
-    def __init__(self, fragment: str, work) -> None:
+    def __init__(self, fragment: str, work, after: str = "") -> None:
         self._reached, self._go_on = threading.Event(), threading.Event()
+        seen = [not after]
 
         def paused(execute, sql, params, many, context):
-            if fragment in sql and not self._reached.is_set():
+            if seen[0] and fragment in sql and not self._reached.is_set():
                 self._reached.set()
                 assert self._go_on.wait(30)
+            seen[0] = seen[0] or after in sql
             return execute(sql, params, many, context)
 
         def run():
@@ -149,21 +154,27 @@ class PausedAt:
 # The statement each admin change is paused before. Before the fix, against a prune batch:
 # - the edit held the call's row there; prune took the rollup rows, then waited for the row;
 # - the delete held the call's tool requests there; prune locked the call, then its cascade
-#   waited for them.
-PAUSED_BEFORE = {"edit": "pipeline_rollup", "delete": 'DELETE FROM "pipeline_llmcall"'}
+#   waited for them;
+# - the conversation's delete (Django's) had taken the rollup rows and deleted the rows; prune
+#   held its conversation and waited for the rollup rows (prune paused there: a 500 for the
+#   operator), or locked the conversation and waited for the rows (the admin paused: prune aborted).
+PAUSED_BEFORE = {"edit": "pipeline_rollup", "delete": 'DELETE FROM "pipeline_llmcall"',
+                 "delete conversation": 'DELETE FROM "pipeline_conversation"'}
 
 
 @pytest.mark.parametrize("change", PAUSED_BEFORE)
 def test_a_prune_batch_queues_behind_an_admin_change_of_the_same_call_instead_of_deadlocking(client, alice, change):
-    """The operator's change of the call is paused before its last step; a prune batch deleting
-    the same call waits for it. (Before, each of the two waited for the other, and PostgreSQL
-    aborted one of them.)"""
+    """The operator's change of the call (or of its conversation) is paused before its last step;
+    a prune batch deleting the same call waits for it, and no deadlock happens."""
     call = a_call_and_its_tool()
     client.force_login(alice)
     if change == "edit":
         url, data = change_form(client, call, input_tokens=5000)
-    else:
+    elif change == "delete":
         url, data = reverse("admin:pipeline_llmcall_delete", args=[call.pk]), {"post": "yes"}
+    else:
+        url, data = reverse("admin:pipeline_conversation_delete", args=[call.conversation_id]), {"post": "yes"}
+    before = deadlocks()
 
     changing = PausedAt(PAUSED_BEFORE[change], lambda: client.post(url, data))
     pruning = run_until_it_waits(lambda: delete_in_a_prune_batch(call))
@@ -172,17 +183,30 @@ def test_a_prune_batch_queues_behind_an_admin_change_of_the_same_call_instead_of
     response = changing.result()
     finish(pruning)
 
-    assert response.status_code == 302 and response.url == reverse("admin:pipeline_llmcall_changelist")
+    listed = "conversation" if change == "delete conversation" else "llmcall"
+    assert response.status_code == 302 and response.url == reverse(f"admin:pipeline_{listed}_changelist")
     assert not LLMCall.objects.exists()
+    time.sleep(0.5)  # the statistics of the connections just closed
+    assert deadlocks() == before
     incremental = rollup_rows()
     rebuild_rollups()
     assert rollup_rows() == incremental
 
 
-def test_an_admin_edit_deadlocked_with_ingest_replacing_the_call_starts_again(client, alice):
-    """Ingest of a finished span deletes the rows its open version left, then locks their
-    conversation; an edit of the call locks the conversation, then the call's row. PostgreSQL
-    aborts one of the two; either starts again, and the edit's answer is never a 500."""
+def deadlocks() -> int:
+    """Deadlocks PostgreSQL has ended in this database (its statistics, flushed by the other
+    connections when they closed)."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_stat_clear_snapshot()")
+        cursor.execute("SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()")
+        return cursor.fetchone()[0]
+
+
+def test_an_admin_edit_queues_behind_ingest_replacing_the_call_and_finds_it_gone(client, alice):
+    """Ingest of a finished span has deleted the rows its open version left and is about to lock
+    the batch's conversations; an edit of the call waits for that ingest, then finds the row gone.
+    (Ingest locked the conversation only after deleting: the edit held it and waited for the row,
+    and PostgreSQL aborted the edit with a 500.)"""
     started = time.time_ns() - 10**9
 
     def chat(end: int) -> SpanRecord:
@@ -193,8 +217,10 @@ def test_an_admin_edit_deadlocked_with_ingest_replacing_the_call_starts_again(cl
     call = LLMCall.objects.get()
     client.force_login(alice)
     url, data = change_form(client, call, output_tokens=7)
+    before = deadlocks()
 
-    ingesting = PausedAt(" FOR UPDATE", lambda: store_spans([chat(started + 10**8)]))  # the conversation's lock
+    ingesting = PausedAt(" FOR UPDATE", lambda: store_spans([chat(started + 10**8)]),
+                         after='DELETE FROM "pipeline_llmcall"')
     responses = []
     saving = run_until_it_waits(lambda: responses.append(client.post(url, data)))
     assert saving.is_alive()
@@ -202,10 +228,40 @@ def test_an_admin_edit_deadlocked_with_ingest_replacing_the_call_starts_again(cl
     assert ingesting.result().accepted == 1
     finish(saving)
 
-    # The edit won and ingest stored the finished call after it, or ingest won and the edited row was gone.
-    assert responses[0].status_code == 302
-    assert responses[0].url in (reverse("admin:pipeline_llmcall_changelist"), reverse("admin:index"))
+    assert responses[0].status_code == 302 and responses[0].url == reverse("admin:index")
+    assert [str(m) for m in get_messages(responses[0].wsgi_request)] == [
+        f"llm call with ID “{call.pk}” doesn’t exist. Perhaps it was deleted?"]
     assert LLMCall.objects.get().duration_ms == 100.0
+    time.sleep(0.5)  # the statistics of the connections just closed
+    assert deadlocks() == before
     incremental = rollup_rows()
     rebuild_rollups()
     assert rollup_rows() == incremental
+
+
+def test_a_transaction_aborted_to_end_a_deadlock_starts_again():
+    """sql.retrying_deadlocks, as the admin's views and prune's batches run: two transactions lock
+    two conversations in opposite orders; PostgreSQL aborts one, which runs again and completes."""
+    first, second = make_conversation("conv-1"), make_conversation("conv-2")
+    both_hold_one = threading.Barrier(2, timeout=30)
+    attempts: list[str] = []
+
+    def lock(name: str, one: Conversation, other: Conversation) -> None:
+        def transaction_() -> None:
+            with transaction.atomic():
+                attempts.append(name)
+                sql.lock_rows(Conversation, [one.pk])
+                if attempts.count(name) == 1:
+                    both_hold_one.wait()
+                sql.lock_rows(Conversation, [other.pk])
+        try:
+            sql.retrying_deadlocks(transaction_)
+        finally:
+            connections.close_all()
+
+    with ThreadPoolExecutor(2) as pool:
+        done = [pool.submit(lock, "a", first, second), pool.submit(lock, "b", second, first)]
+        for future in done:
+            future.result(30)
+
+    assert sorted(attempts) in (["a", "a", "b"], ["a", "b", "b"])  # one of them twice

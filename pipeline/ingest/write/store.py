@@ -29,7 +29,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from django.db import IntegrityError, OperationalError, transaction
+from django.db import IntegrityError, OperationalError, connection, transaction
 
 from pipeline.ingest.write import deferred
 from pipeline.ingest.write import sql
@@ -47,7 +47,7 @@ from pipeline.ingest.write.sql import update_rows
 from pipeline.ingest.write.conversations import resolve_conversations, resolve_rounds
 from pipeline.insight.finding_counts import mark_stale
 from pipeline.rollups import track as rollups
-from pipeline.models import Round, Span, SpanLog
+from pipeline.models import Conversation, Round, Span, SpanLog
 from pipeline.signals import IngestChanges, empty_changes, ingest_committed
 
 logger = logging.getLogger(__name__)
@@ -173,6 +173,14 @@ def _in_transaction(
     raise AssertionError("unreachable: the last attempt returns or raises")
 
 
+def _lock_conversations_of(keys: list[tuple[str, str]]) -> None:
+    """Lock the conversations of the stored spans `keys` before their rows are deleted: every
+    writer (ingest, the admin, prune) locks conversations before their rows, so none of them
+    waits for a row while holding what the other waits for."""
+    if connection.features.has_select_for_update:  # SQLite: one writer at a time already
+        sql.lock_rows(Conversation, {row[2] for row in sql.by_spans(Span, ["conversation_id"], keys)} - {None})
+
+
 def _account(batch: PreparedBatch, fresh: set[tuple[str, str]], changes: IngestChanges) -> None:
     """`batch.result` once its spans are stored: those not in `fresh` were stored already."""
     accepted = sum((s.record.trace_id, s.record.span_id) in fresh for s in batch.spans)
@@ -212,6 +220,7 @@ def _store(
     resum: set[tuple[str, str]] = set()  # (trace, tool_call_id) whose context cost the replaced rows counted in
     if replaced:
         keys = [(s.record.trace_id, s.record.span_id) for s in replaced]
+        _lock_conversations_of(keys)
         resum = tool_context.forget_replaced(keys, [key for key, s in zip(keys, replaced) if s.llm is None])
         delete_span_rows(keys)
 
