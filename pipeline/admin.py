@@ -65,8 +65,9 @@ class FiguresFollowAdminChanges:
         names = {field.name for field in self.model._meta.fields}
         return (*(n for n in ("trace_id", "span_id") if n in names), *super().get_readonly_fields(request, obj))
 
-    # Ingest deletes the rows of a span it replaces before it locks their conversation: against an
-    # edit or delete here, PostgreSQL may end the deadlock by aborting this side, which starts again.
+    # Writers lock conversations, then rows, then rollup rows, but a writer locking conversations in
+    # two passes (ingest, the deferred run) may still deadlock with one here: when PostgreSQL ends
+    # it by aborting this side, it starts again.
     def changeform_view(self, request: HttpRequest, object_id: str | None = None, form_url: str = "",
                         extra_context: dict | None = None):
         view = super().changeform_view

@@ -74,6 +74,7 @@ def run_until_it_waits(work: Callable[[], object]) -> threading.Thread:
     thread = threading.Thread(target=run)
     thread.start()
     thread.errors = errors  # type: ignore[attr-defined]
+    thread.backend = backend  # type: ignore[attr-defined]  # its connection's backend pid, once it has one
     deadline = time.monotonic() + 30
     while not done.is_set() and time.monotonic() < deadline:
         if backend:

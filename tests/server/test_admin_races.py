@@ -130,8 +130,13 @@ class PausedAt:
             seen[0] = seen[0] or after in sql
             return execute(sql, params, many, context)
 
+        self.backend: list[int] = []  # its connection's backend pid
+
         def run():
             try:
+                with connection.cursor() as cursor:
+                    cursor.execute("SELECT pg_backend_pid()")
+                    self.backend.append(cursor.fetchone()[0])
                 with connection.execute_wrapper(paused):
                     return work()
             finally:
@@ -182,21 +187,31 @@ def test_a_prune_batch_queues_behind_an_admin_change_of_the_same_call_instead_of
     changing.go_on()
     response = changing.result()
     finish(pruning)
+    changed = deadlocks(changing.backend, pruning.backend)
 
     listed = "conversation" if change == "delete conversation" else "llmcall"
     assert response.status_code == 302 and response.url == reverse(f"admin:pipeline_{listed}_changelist")
     assert not LLMCall.objects.exists()
-    time.sleep(0.5)  # the statistics of the connections just closed
-    assert deadlocks() == before
+    assert changed == before
     incremental = rollup_rows()
     rebuild_rollups()
     assert rollup_rows() == incremental
 
 
-def deadlocks() -> int:
-    """Deadlocks PostgreSQL has ended in this database (its statistics, flushed by the other
-    connections when they closed)."""
+def deadlocks(*backends: list[int]) -> int:
+    """Deadlocks PostgreSQL has ended in this database, once the connections of `backends` (pids,
+    closed by now) are gone: a backend reports its statistics when it exits at the latest."""
     with connection.cursor() as cursor:
+        pids = [pid for pids in backends for pid in pids]
+        deadline = time.monotonic() + 10
+        while pids and time.monotonic() < deadline:
+            cursor.execute("SELECT pg_stat_clear_snapshot()")
+            cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = ANY(%s)", [pids])
+            if cursor.fetchone()[0] == 0:
+                break
+            time.sleep(0.05)
+        else:
+            assert not pids, "the connections that raced did not close"
         cursor.execute("SELECT pg_stat_clear_snapshot()")
         cursor.execute("SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()")
         return cursor.fetchone()[0]
@@ -227,13 +242,13 @@ def test_an_admin_edit_queues_behind_ingest_replacing_the_call_and_finds_it_gone
     ingesting.go_on()
     assert ingesting.result().accepted == 1
     finish(saving)
+    after = deadlocks(ingesting.backend, saving.backend)
 
     assert responses[0].status_code == 302 and responses[0].url == reverse("admin:index")
     assert [str(m) for m in get_messages(responses[0].wsgi_request)] == [
         f"llm call with ID “{call.pk}” doesn’t exist. Perhaps it was deleted?"]
     assert LLMCall.objects.get().duration_ms == 100.0
-    time.sleep(0.5)  # the statistics of the connections just closed
-    assert deadlocks() == before
+    assert after == before
     incremental = rollup_rows()
     rebuild_rollups()
     assert rollup_rows() == incremental
