@@ -9,7 +9,7 @@ from django.contrib import admin, messages
 from django.db import transaction
 from django.db.models import Model, QuerySet
 from django.db.models.deletion import Collector
-from django.http import FileResponse, Http404, HttpRequest
+from django.http import FileResponse, Http404, HttpRequest, HttpResponse
 from django.urls import path, reverse
 from django.utils import timezone
 from django.utils.html import format_html
@@ -57,7 +57,8 @@ class FiguresFollowAdminChanges:
 
     Locks are taken in ingest's order: the conversations (until the rows changed are all in
     conversations already locked: an ingest may fold a placeholder conversation into another
-    meanwhile), then the rollup rows, in one pass at the end (`batched`)."""
+    meanwhile), then the row edited or the rows deleted, then the rollup rows, in one pass at the
+    end (`batched`)."""
 
     def get_readonly_fields(self, request: HttpRequest, obj: Model | None = None) -> tuple[str, ...]:
         # The span a row was stored from: replacing an open span finds its rows, and the tool
@@ -69,14 +70,14 @@ class FiguresFollowAdminChanges:
     # two passes (ingest, the deferred run) may still deadlock with one here: when PostgreSQL ends
     # it by aborting this side, it starts again.
     def changeform_view(self, request: HttpRequest, object_id: str | None = None, form_url: str = "",
-                        extra_context: dict | None = None):
+                        extra_context: dict | None = None) -> HttpResponse:
         view = super().changeform_view
         try:
             return sql.retrying_deadlocks(lambda: view(request, object_id, form_url, extra_context))
         except DeletedMeanwhile:  # its transaction rolled back: said as Django says it of a row gone before
             return self._get_obj_does_not_exist_redirect(request, self.opts, object_id)
 
-    def delete_view(self, request: HttpRequest, object_id: str, extra_context: dict | None = None):
+    def delete_view(self, request: HttpRequest, object_id: str, extra_context: dict | None = None) -> HttpResponse:
         view = super().delete_view
         return sql.retrying_deadlocks(lambda: view(request, object_id, extra_context))
 
@@ -90,7 +91,8 @@ class FiguresFollowAdminChanges:
         with transaction.atomic(), rollups.batched():  # the rollup rows in one pass, at the end
             locked = _lock_conversations(lambda: {*model.objects.filter(pk=obj.pk).values_list(
                 "conversation_id", flat=True), obj.conversation_id})
-            # Locked: another writer's delete of it is waited for, and then it is gone.
+            # Locked: another writer's delete of it is waited for, and then it is gone. (Of itself
+            # only, in id order: a round's ordering would join and lock its conversation too.)
             before = model.objects.select_for_update(of=("self",)).filter(pk=obj.pk).order_by("pk").first()
             if before is None:  # saved, it would come back without its figures
                 raise DeletedMeanwhile
@@ -302,9 +304,10 @@ class ConversationAdmin(admin.ModelAdmin):
     search_fields = ("external_id", "title", "agent_name", "user_id")
     date_hierarchy = "last_activity_at"
 
-    # Deleted as prune deletes them, locking in ingest's order (Django's own delete writes the
-    # rollups first and locks the conversation last); started again after a deadlock.
-    def delete_view(self, request: HttpRequest, object_id: str, extra_context: dict | None = None):
+    # Deleted as prune's last step deletes them (retention.delete_conversations), locking in
+    # ingest's order (Django's own delete writes the rollups first and locks the conversation
+    # last); started again after a deadlock.
+    def delete_view(self, request: HttpRequest, object_id: str, extra_context: dict | None = None) -> HttpResponse:
         view = super().delete_view
         return sql.retrying_deadlocks(lambda: view(request, object_id, extra_context))
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import datetime as dt
 from dataclasses import dataclass, field
 
-from django.db import models, transaction
+from django.db import connection, models, transaction
 from django.utils import timezone
 
 from pipeline.artifacts.cleanup import delete_artifacts, delete_expired_artifacts
@@ -81,20 +81,22 @@ def delete_in_batches(queryset: models.QuerySet, batch_size: int = BATCH_SIZE) -
 
 
 def _delete_batch(queryset: models.QuerySet, batch_size: int) -> int | None:
-    """Delete up to `batch_size` rows of `queryset` in one transaction: how many went, None when
-    none was left. Locks are taken in ingest's order (the rows' conversations, the rows, the rollup
-    rows last), as the admin's edits and deletes take them too."""
+    """Delete up to `batch_size` rows of `queryset` in one transaction: how many went (0 when all
+    came back to life or went meanwhile: still a batch), None when none was left. Locks are taken
+    in ingest's order (the rows' conversations, the rows, the rollup rows last), as the admin's
+    edits and deletes take them too; SQLite's one writer already holds its lock."""
     model = queryset.model
     with transaction.atomic(), rollups.batched():
         ids = list(queryset.order_by("pk").values_list("pk", flat=True)[:batch_size])
         if not ids:
             return None
-        if any(field.name == "conversation" for field in model._meta.concrete_fields):
-            sql.lock_rows(Conversation, set(model.objects.filter(pk__in=ids).exclude(conversation=None)
-                                            .values_list("conversation_id", flat=True)))
-        # again, now locked: a conversation may have come back to life, a row have gone meanwhile
-        ids = list(queryset.filter(pk__in=ids).select_for_update(of=("self",)).order_by("pk")
-                   .values_list("pk", flat=True))
+        if connection.features.has_select_for_update:
+            if any(field.name == "conversation" for field in model._meta.concrete_fields):
+                sql.lock_rows(Conversation, set(model.objects.filter(pk__in=ids).exclude(conversation=None)
+                                                .values_list("conversation_id", flat=True)))
+            # again, now locked: a conversation may have come back to life, a row have gone meanwhile
+            ids = list(queryset.filter(pk__in=ids).select_for_update(of=("self",)).order_by("pk")
+                       .values_list("pk", flat=True))
         rollups.deleting(model, ids)  # LLM and tool calls leave their rollups
         _, per_model = model.objects.filter(pk__in=ids).delete()
     return per_model.get(model._meta.label, 0)

@@ -5,12 +5,15 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from django.contrib import admin
 from django.contrib.messages import get_messages
-from django.db import connection, connections, transaction
+from django.db import connections, transaction
+from django.http import HttpResponse
+from django.test import Client
 from django.urls import reverse
 
 from pipeline.ingest.records import SpanRecord
@@ -20,7 +23,7 @@ from pipeline.models import Conversation, LLMCall, Rollup, ToolCall
 from pipeline.retention import delete_in_batches
 from pipeline.rollups.compact import rebuild_rollups
 from tests.admin_forms import change_form
-from tests.concurrency import Held, finish, needs_postgres, run_until_it_waits
+from tests.concurrency import Held, PausedAt, deadlocks, finish, needs_postgres, run_until_it_waits
 from tests.factories import make_conversation
 
 pytestmark = [pytest.mark.django_db(transaction=True), needs_postgres]
@@ -60,7 +63,7 @@ def delete_in_a_prune_batch(call: LLMCall) -> None:
     delete_in_batches(LLMCall.objects.filter(pk=call.pk))
 
 
-def save_while_held(client, url: str, data: dict, held_work) -> object:
+def save_while_held(client: Client, url: str, data: dict, held_work: Callable[[], object]) -> HttpResponse:
     """POST the admin form while `held_work` is done and not yet committed by another connection;
     commit it once the save waits on a lock; the save's response."""
     held = Held(held_work)
@@ -74,9 +77,9 @@ def save_while_held(client, url: str, data: dict, held_work) -> object:
 
 @pytest.mark.parametrize("deleted_by", [delete_in_the_admin, delete_in_a_prune_batch], ids=["admin", "prune"])
 def test_an_llm_call_deleted_while_an_operator_saves_it_is_said_gone_and_stays_gone(client, alice, deleted_by):
-    """Another operator (who locks the conversation) or a prune batch (which locks the rows) deletes
-    the call after this save has read it, and commits while the save waits: the save must not put
-    the row back without its figures, nor fail with a 500."""
+    """Another operator or a prune batch (each locks the conversation, then the rows) deletes the
+    call after this save has read it, and commits while the save waits: the save must not put the
+    row back without its figures, nor fail with a 500."""
     call = a_call_and_its_tool()
     client.force_login(alice)
     url, data = change_form(client, call, input_tokens=5000)
@@ -112,48 +115,6 @@ def test_a_tool_call_saved_while_its_llm_call_is_deleted_keeps_what_the_delete_l
     incremental = rollup_rows()
     rebuild_rollups()
     assert rollup_rows() == incremental
-
-
-class PausedAt:
-    """`work()` in a thread whose connection stops just before its first statement containing
-    `fragment` (once one containing `after` has run), until `go_on()`; `result()` is what work
-    returned (its error raised)."""
-
-    def __init__(self, fragment: str, work, after: str = "") -> None:
-        self._reached, self._go_on = threading.Event(), threading.Event()
-        seen = [not after]
-
-        def paused(execute, sql, params, many, context):
-            if seen[0] and fragment in sql and not self._reached.is_set():
-                self._reached.set()
-                assert self._go_on.wait(30)
-            seen[0] = seen[0] or after in sql
-            return execute(sql, params, many, context)
-
-        self.backend: list[int] = []  # its connection's backend pid
-
-        def run():
-            try:
-                with connection.cursor() as cursor:
-                    cursor.execute("SELECT pg_backend_pid()")
-                    self.backend.append(cursor.fetchone()[0])
-                with connection.execute_wrapper(paused):
-                    return work()
-            finally:
-                connections.close_all()
-
-        self._pool = ThreadPoolExecutor(1)
-        self._future = self._pool.submit(run)
-        assert self._reached.wait(30), f"the work never ran a statement with {fragment!r}"
-
-    def go_on(self) -> None:
-        self._go_on.set()
-
-    def result(self):
-        try:
-            return self._future.result(30)
-        finally:
-            self._pool.shutdown()
 
 
 # The statement each admin change is paused before. Before the fix, against a prune batch:
@@ -196,25 +157,6 @@ def test_a_prune_batch_queues_behind_an_admin_change_of_the_same_call_instead_of
     incremental = rollup_rows()
     rebuild_rollups()
     assert rollup_rows() == incremental
-
-
-def deadlocks(*backends: list[int]) -> int:
-    """Deadlocks PostgreSQL has ended in this database, once the connections of `backends` (pids,
-    closed by now) are gone: a backend reports its statistics when it exits at the latest."""
-    with connection.cursor() as cursor:
-        pids = [pid for pids in backends for pid in pids]
-        deadline = time.monotonic() + 10
-        while pids and time.monotonic() < deadline:
-            cursor.execute("SELECT pg_stat_clear_snapshot()")
-            cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = ANY(%s)", [pids])
-            if cursor.fetchone()[0] == 0:
-                break
-            time.sleep(0.05)
-        else:
-            assert not pids, "the connections that raced did not close"
-        cursor.execute("SELECT pg_stat_clear_snapshot()")
-        cursor.execute("SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()")
-        return cursor.fetchone()[0]
 
 
 def test_an_admin_edit_queues_behind_ingest_replacing_the_call_and_finds_it_gone(client, alice):
