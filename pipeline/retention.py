@@ -97,8 +97,9 @@ def _delete_batch(queryset: models.QuerySet, batch_size: int) -> int | None:
             # again, now locked: a conversation may have come back to life, a row have gone meanwhile
             ids = list(queryset.filter(pk__in=ids).select_for_update(of=("self",)).order_by("pk")
                        .values_list("pk", flat=True))
-        rollups.deleting(model, ids)  # LLM and tool calls leave their rollups
-        _, per_model = model.objects.filter(pk__in=ids).delete()
+        # the calls leave their rollups, those a round's delete cascades to included: one ingested
+        # late, with a span that started long ago, after this conversation's calls went
+        _, per_model = rollups.collect_deletion(model.objects.filter(pk__in=ids)).delete()
     return per_model.get(model._meta.label, 0)
 
 

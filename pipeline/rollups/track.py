@@ -33,7 +33,7 @@ from typing import Any
 
 import orjson
 from django.db import connection, transaction
-from django.db.models import Model
+from django.db.models import Model, QuerySet
 from django.db.models.deletion import Collector
 
 from pipeline.models import Conversation, Rollup
@@ -254,19 +254,22 @@ def deleting(model: type[Model], ids: Sequence[int]) -> None:
 
 
 def collect_deletion(objs: Iterable[Model]) -> Collector:
-    """Django's Collector for a delete of `objs` (rounds or calls), with every call it will remove,
+    """Django's Collector for a delete of `objs` (rows, or a queryset of them), with every call it will remove,
     cascade included, taken out of the rollups: the caller deletes with it (`collector.delete()`),
     in the same transaction, so what leaves the rollups is what is deleted. Not for conversations:
     they leave through their pre_delete hook, which takes their calls out itself."""
     collector = Collector(using=connection.alias)
-    collector.collect(list(objs))
+    # a queryset as it is: rows nothing cascades from (spans, log records) go in one DELETE unread
+    collector.collect(objs if isinstance(objs, QuerySet) else list(objs))
     if Conversation in collector.data:
         raise ValueError("conversations are deleted with Model.delete(): their pre_delete hook keeps the rollups")
     ids: dict[type[Model], set[int]] = defaultdict(set)
     for model, instances in collector.data.items():
-        ids[model].update(instance.pk for instance in instances)
+        if model in KIND_OF:
+            ids[model].update(instance.pk for instance in instances)
     for queryset in collector.fast_deletes:
-        ids[queryset.model].update(queryset.values_list("pk", flat=True))
+        if queryset.model in KIND_OF:
+            ids[queryset.model].update(queryset.values_list("pk", flat=True))
     for model, pks in ids.items():
         deleting(model, sorted(pks))
     return collector

@@ -18,6 +18,7 @@ from pipeline.rollups.track import collect_deletion
 from pipeline.signals import ingest_committed
 from tests.admin_forms import edit_in_the_admin
 from tests.factories import make_conversation
+from tests.stored_rollups import rollup_rows
 
 pytestmark = pytest.mark.django_db
 NOW = datetime(2026, 3, 10, 12, 0, tzinfo=UTC)
@@ -118,10 +119,6 @@ def test_saving_some_fields_of_a_stale_instance_counts_what_is_stored():
     assert conversations_counted() == 1
     assert sorted(Rollup.objects.filter(kind="conversation").values_list("grain", "bucket_start", "calls")) == rebuilt
 
-
-def rollup_rows() -> list[tuple]:
-    return sorted(Rollup.objects.values_list("kind", "grain", "bucket_start", "name", "calls", "errors", "latency",
-                                             "sums"))
 
 
 def a_turn(conversation, key: str, at: datetime, n: int) -> Round:

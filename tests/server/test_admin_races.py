@@ -19,20 +19,17 @@ from django.urls import reverse
 from pipeline.ingest.records import SpanRecord
 from pipeline.ingest.write import sql
 from pipeline.ingest.write.store import store_spans
-from pipeline.models import Conversation, LLMCall, Rollup, ToolCall
+from pipeline.models import Conversation, LLMCall, ToolCall
 from pipeline.retention import delete_in_batches
 from pipeline.rollups.compact import rebuild_rollups
 from tests.admin_forms import change_form
 from tests.concurrency import Held, PausedAt, deadlocks, finish, needs_postgres, run_until_it_waits
 from tests.factories import make_conversation
+from tests.stored_rollups import rollup_rows
 
 pytestmark = [pytest.mark.django_db(transaction=True), needs_postgres]
 TRACE = "5cf92f3577b34da6a3ce929d0e0e4799"
 
-
-def rollup_rows() -> list[tuple]:
-    return sorted(Rollup.objects.values_list("kind", "grain", "bucket_start", "name", "calls", "errors", "latency",
-                                             "sums"))
 
 
 def a_call_and_its_tool() -> LLMCall:

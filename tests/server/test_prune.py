@@ -15,13 +15,16 @@ from pipeline.models import (
     CompressionEvent,
     Conversation,
     LLMCall,
+    Rollup,
     Round,
     SkillActivation,
     Span,
     SpanLog,
     ToolCall,
 )
-from pipeline.retention import prune
+from pipeline.retention import delete_in_batches, prune
+from pipeline.rollups.compact import rebuild_rollups
+from tests.stored_rollups import rollup_rows
 
 NOW = dt.datetime(2026, 6, 1, 12, 0, tzinfo=dt.timezone.utc)
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -195,3 +198,20 @@ def test_it_keeps_an_artifact_a_current_tool_call_still_uses(artifact_dir, setti
     with time_machine.travel(NOW + dt.timedelta(days=60), tick=False):  # once the user goes too, so does it
         run_prune()
     assert not Artifact.objects.exists() and not (artifact_dir / shared.artifact_id).exists()
+
+
+@time_machine.travel(NOW, tick=False)  # recent calls: the rebuild keeps the minutes and hours of the recent past
+def test_a_batch_of_rounds_takes_the_calls_it_cascades_to_out_of_the_rollups(artifact_dir):
+    """Prune deletes a conversation's calls before its rounds, but a call ingested between the two
+    (late, with a span that started long ago, so its conversation stays idle) goes with its round."""
+    conversation = make_conversation("late call", NOW - dt.timedelta(minutes=1))
+    assert Rollup.objects.filter(kind__in=["model", "tool", "compression"]).exists()
+
+    deleted, _ = delete_in_batches(Round.objects.filter(conversation=conversation))
+
+    assert deleted == 1
+    assert not (LLMCall.objects.exists() or ToolCall.objects.exists() or CompressionEvent.objects.exists())
+    assert not Rollup.objects.filter(kind__in=["model", "tool", "compression"]).exists()
+    incremental = rollup_rows()
+    rebuild_rollups()
+    assert rollup_rows() == incremental
