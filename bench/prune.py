@@ -5,10 +5,11 @@ this checkout, on a throw-away SQLite database (bench/ingest_phases.py's in-proc
 counts completed). Each round then prunes a fresh copy of it, with every conversation, span and
 log record past the cutoff, in a process of its own, timing the prune alone (wall: perf_counter,
 CPU: process_time). With --base, that commit's tree (a temporary git worktree) prunes its own copy
-before this checkout does, round after round (base, this, base, this, …), so a slow spell of a
-shared machine lands on both sides; the ratios this/base of the mean figures follow.
+and this checkout prune copies in turn, each going first every other round (base, this, this,
+base, …), so a slow spell of a shared machine lands on both sides; the ratios this/base of the
+mean figures follow.
 
-    .venv/bin/python bench/prune.py [--spans 10000] [--rounds 2] [--batch-size 1000] [--base <commit>]
+    .venv/bin/python bench/prune.py [--spans 10000] [--rounds 4] [--batch-size 1000] [--base <commit>]
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ def prune_here(work: Path, batch_size: int) -> dict[str, float]:
     from pipeline.models import Conversation, Span
     from pipeline.retention import prune
 
-    call_command("migrate", verbosity=0)  # the tree's own schema, if it differs (not timed)
+    call_command("migrate", verbosity=0)  # a newer tree's further migrations (not timed)
     conversations, spans = Conversation.objects.count(), Span.objects.count()
     wall, cpu = time.perf_counter(), time.process_time()
     result = prune(1, batch_size=batch_size, now=timezone.now() + timedelta(days=2))
@@ -87,12 +88,14 @@ def prune_copy(tree: Path, built: Path, batch_size: int) -> dict[str, float]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--spans", type=int, default=10000, help="spans of the standard load stored first")
-    parser.add_argument("--rounds", type=int, default=2, help="prunes per side, alternating")
+    parser.add_argument("--rounds", type=int, default=4, help="prunes per side, alternating")
     parser.add_argument("--batch-size", type=int, default=1000, help="rows per prune transaction")
     parser.add_argument("--base", help="a commit whose prune runs too, alternating with this checkout's")
     parser.add_argument("--build", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--prune", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.rounds < 1:
+        parser.error("--rounds must be at least 1")
     if args.build:
         build(args.spans, args.build)
         return 0
@@ -107,8 +110,8 @@ def main() -> int:
             sides = {f"base {short(args.base)}": base} if args.base else {}
             sides["this checkout"] = ROOT
             runs: dict[str, list[dict[str, float]]] = {name: [] for name in sides}
-            for _ in range(args.rounds):
-                for name, tree in sides.items():
+            for n in range(args.rounds):  # base first, then this checkout first, and so on
+                for name, tree in (list(sides.items()) if n % 2 == 0 else reversed(sides.items())):
                     runs[name].append(prune_copy(tree, built, args.batch_size))
 
     first = next(iter(runs.values()))[0]
@@ -125,7 +128,7 @@ def main() -> int:
         base, this = means[f"base {short(args.base)}"], means["this checkout"]
         print(f"{'this / base':16} wall {this['wall'] / base['wall']:5.2f}x   CPU {this['cpu'] / base['cpu']:5.2f}x")
     print(f"reproduce        .venv/bin/python bench/prune.py --spans {args.spans} --rounds {args.rounds} "
-          f"--batch-size {args.batch_size}" + (f" --base {args.base}" if args.base else ""))
+          f"--batch-size {args.batch_size}" + (f" --base {short(args.base)}" if args.base else ""))
     return 0
 
 

@@ -4,8 +4,8 @@ Three hooks, one per kind of write, called where the rows are written:
 
     inserted(ToolCall, rows)                    # pipeline.ingest.write.rows.insert_rows
     with updating(ToolCall, rows, names): ...   # pipeline.ingest.write.sql.update_rows
-    deleting(ToolCall, ids)                     # replaced spans, retention.prune, a conversation deleted
-    collect_deletion(rounds).delete()           # the admin deletes rounds or calls (pipeline.admin)
+    deleting(ToolCall, ids)                     # replaced spans, a conversation deleted
+    collect_deletion(rows).delete()             # the admin and retention.prune delete rows, cascades included
 
 and the ORM's signals for rows saved or deleted through it (the admin, retention.prune, scripts,
 test fixtures). Conversations take the same hooks: inserted where ingest creates them
@@ -260,7 +260,7 @@ def collect_deletion(objs: Iterable[Model]) -> Collector:
     they leave through their pre_delete hook, which takes their calls out itself."""
     collector = Collector(using=connection.alias)
     # a queryset as it is: rows nothing cascades from (spans, log records) go in one DELETE unread
-    collector.collect(objs if isinstance(objs, QuerySet) else list(objs))
+    collector.collect(objs.order_by() if isinstance(objs, QuerySet) else list(objs))  # as QuerySet.delete does
     if Conversation in collector.data:
         raise ValueError("conversations are deleted with Model.delete(): their pre_delete hook keeps the rollups")
     ids: dict[type[Model], set[int]] = defaultdict(set)

@@ -120,7 +120,6 @@ def test_saving_some_fields_of_a_stale_instance_counts_what_is_stored():
     assert sorted(Rollup.objects.filter(kind="conversation").values_list("grain", "bucket_start", "calls")) == rebuilt
 
 
-
 def a_turn(conversation, key: str, at: datetime, n: int) -> Round:
     """A round with an LLM call, the tool it asked for (linked to the call) and a compression."""
     round_ = Round.objects.create(conversation=conversation, key=key, started_at=at)

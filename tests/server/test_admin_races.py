@@ -31,7 +31,6 @@ pytestmark = [pytest.mark.django_db(transaction=True), needs_postgres]
 TRACE = "5cf92f3577b34da6a3ce929d0e0e4799"
 
 
-
 def a_call_and_its_tool() -> LLMCall:
     """One stored LLM call (recent: the rebuild compared with keeps the recent minutes) that asked
     for a tool, and the tool call that answered it."""

@@ -8,6 +8,8 @@ from io import StringIO
 import pytest
 import time_machine
 from django.core.management import CommandError, call_command
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 
 from pipeline.artifacts.store import store_artifact
 from pipeline.models import (
@@ -215,3 +217,19 @@ def test_a_batch_of_rounds_takes_the_calls_it_cascades_to_out_of_the_rollups(art
     incremental = rollup_rows()
     rebuild_rollups()
     assert rollup_rows() == incremental
+
+
+@time_machine.travel(NOW, tick=False)
+def test_a_batch_of_spans_goes_in_one_delete_without_reading_them(artifact_dir):
+    """Spans carry every attribute as sent (kilobytes each), and nothing cascades from them: a
+    batch reads their ids and deletes them, never loads them."""
+    for n in range(5):
+        make_span("5" * 32, n, NOW - dt.timedelta(days=60))
+
+    with CaptureQueriesContext(connection) as queries:
+        deleted, batches = delete_in_batches(Span.objects.all(), batch_size=10)
+
+    assert (deleted, batches, Span.objects.count()) == (5, 1, 0)
+    span_reads = [q["sql"] for q in queries if q["sql"].startswith("SELECT") and '"pipeline_span"' in q["sql"]]
+    assert span_reads and all('"pipeline_span"."attributes"' not in sql for sql in span_reads), span_reads
+    assert sum(q["sql"].startswith("DELETE") for q in queries) == 1
