@@ -12,7 +12,7 @@ from pipeline import semconv as sc
 from pipeline.ingest.records import SpanRecord
 from pipeline.ingest.write.store import store_spans
 from pipeline.models import Conversation, Rollup, Span
-from tests.concurrency import Held, finish, needs_postgres, run_until_it_waits
+from tests.concurrency import Held, PausedAt, deadlocks, finish, needs_postgres, run_until_it_waits
 
 pytestmark = [pytest.mark.django_db(transaction=True), needs_postgres]
 
@@ -79,3 +79,33 @@ def test_a_trace_whose_root_and_children_arrive_in_concurrent_requests_stays_in_
     conversation = Conversation.objects.get()
     assert (conversation.round_count, conversation.llm_call_count) == (1, 3)
     assert conversations_in_rollups() == 1  # a placeholder folded in leaves no count behind
+
+
+def test_a_request_finishing_an_open_span_locks_its_conversations_in_one_pass_in_id_order():
+    """One request finishes a span stored open in the later conversation and adds a turn to the
+    earlier one; another adds turns to both. Every writer locks conversations in id order, and
+    the first request now locks both before it deletes the open span's rows. (It locked the open
+    span's conversation first, then the batch's: the two requests each held one conversation and
+    waited for the other, and PostgreSQL aborted one of them.)"""
+    store_spans([span("a" * 32, "a" * 16, 0, 10, **{sc.CONVERSATION_ID: "earlier"})])
+    running = span("b" * 32, "b" * 16, 100, 0, **{sc.CONVERSATION_ID: "later"})
+    running.end_time_unix_nano = 0  # still running: stored open
+    store_spans([running])
+    earlier, later = Conversation.objects.order_by("pk")
+    assert (earlier.external_id, later.external_id) == ("earlier", "later")
+    before = deadlocks()
+
+    finishing = PausedAt("DELETE FROM", lambda: store_spans([
+        span("b" * 32, "b" * 16, 100, 900, **{sc.CONVERSATION_ID: "later"}),
+        span("c" * 32, "c" * 16, 200, 300, **{sc.CONVERSATION_ID: "earlier"})]))
+    other = run_until_it_waits(lambda: store_spans([
+        span("d" * 32, "d" * 16, 400, 500, **{sc.CONVERSATION_ID: "earlier"}),
+        span("e" * 32, "e" * 16, 400, 500, **{sc.CONVERSATION_ID: "later"})]))
+    assert other.is_alive()  # waits for a conversation the finishing request holds
+    finishing.go_on()
+    assert finishing.result().accepted == 2
+    finish(other)
+
+    assert deadlocks(finishing.backend, other.backend) == before
+    assert Span.objects.get(trace_id="b" * 32).end_time_unix_nano == T0 + 900 * MS
+    assert sorted(Conversation.objects.values_list("external_id", "round_count")) == [("earlier", 3), ("later", 2)]

@@ -156,10 +156,10 @@ def test_a_prune_batch_queues_behind_an_admin_change_of_the_same_call_instead_of
 
 
 def test_an_admin_edit_queues_behind_ingest_replacing_the_call_and_finds_it_gone(client, alice):
-    """Ingest of a finished span has deleted the rows its open version left and is about to lock
-    the batch's conversations; an edit of the call waits for that ingest, then finds the row gone.
-    (Ingest locked the conversation only after deleting: the edit held it and waited for the row,
-    and PostgreSQL aborted the edit with a 500.)"""
+    """Ingest of a finished span has deleted the rows its open version left and is about to take
+    its next lock; an edit of the call waits for that ingest, then finds the row gone. (Ingest's
+    next lock there was the conversation's, locked only after deleting: the edit held it and
+    waited for the row, and PostgreSQL aborted the edit with a 500.)"""
     started = time.time_ns() - 10**9
 
     def chat(end: int) -> SpanRecord:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any
 
 from django.db import IntegrityError, connection
@@ -104,13 +105,22 @@ def _locked_conversations(ids: list[int]) -> dict[str, Conversation]:
     return {c.external_id: c for c in sql.instances(Conversation, CONVERSATION_COLUMNS, rows)}
 
 
-def resolve_conversations(
-    spans: list[NormalisedSpan],
-) -> tuple[dict[str, Conversation], set[int], set[int], set[int]]:
-    """{trace_id: Conversation} for every trace in `spans`, the ids of conversations created, the
-    ids of conversations a placeholder was merged into (their rounds may now hold rows that were
-    never linked together), and the ids of the rounds a placeholder's rounds were folded into
-    (rows of two rounds now in one, whether or not the batch has spans of it).
+@dataclass
+class DecidedConversations:
+    """Each trace's conversation, as `decide_conversations` found, created and locked it."""
+
+    target: dict[str, str]  # trace_id -> the external id of its conversation
+    merges: dict[str, int]  # trace_id -> the placeholder conversation to fold into its target
+    found: dict[str, Conversation]  # by external id; on PostgreSQL, read under the lock
+    created: set[int]
+
+
+def decide_conversations(spans: list[NormalisedSpan]) -> DecidedConversations:
+    """Decide which conversation each trace of `spans` belongs to, create the missing ones, and
+    lock (PostgreSQL) every conversation the batch will write, its placeholders to fold included,
+    in one pass in id order: the caller does this before it touches any other row (the rows of
+    the open spans the batch replaces belong to these same conversations), so no ingest, admin
+    change or prune batch waits for a row while holding a conversation the other waits for.
 
     The caller holds the locks of the batch's traces (`sql.lock_traces`), so what is stored of
     each trace cannot change while its conversation is decided.
@@ -165,6 +175,22 @@ def resolve_conversations(
         gone = set(wanted) - found.keys()
         if gone:  # deleted (pruned) between the lookup and the lock: the transaction is retried
             raise IntegrityError(f"conversations {sorted(gone)} vanished while being locked")
+    return DecidedConversations(target, merges, found, created)
+
+
+def resolve_conversations(
+    spans: list[NormalisedSpan], decided: DecidedConversations | None = None,
+) -> tuple[dict[str, Conversation], set[int], set[int], set[int]]:
+    """{trace_id: Conversation} for every trace in `spans`, the ids of conversations created, the
+    ids of conversations a placeholder was merged into (their rounds may now hold rows that were
+    never linked together), and the ids of the rounds a placeholder's rounds were folded into
+    (rows of two rounds now in one, whether or not the batch has spans of it).
+
+    `decided`: what `decide_conversations` settled for these spans, when the caller locked their
+    conversations first; decided (and locked) here otherwise.
+    """
+    decided = decided or decide_conversations(spans)
+    target, merges, found = decided.target, decided.merges, decided.found
     folded: set[int] = set()
     for trace_id, placeholder_id in merges.items():
         folded |= merge_conversation(placeholder_id, found[target[trace_id]])
@@ -188,7 +214,7 @@ def resolve_conversations(
             changed.append(conversation)
     sql.update_rows(Conversation, sorted(changed, key=lambda c: c.id), CONVERSATION_WIDENED)
     merged_into = {found[target[trace_id]].id for trace_id in merges}
-    return {trace_id: found[external] for trace_id, external in target.items()}, created, merged_into, folded
+    return {trace_id: found[external] for trace_id, external in target.items()}, decided.created, merged_into, folded
 
 
 def merge_conversation(placeholder_id: int, into: Conversation) -> set[int]:

@@ -29,7 +29,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from django.db import IntegrityError, OperationalError, connection, transaction
+from django.db import IntegrityError, OperationalError, transaction
 
 from pipeline.ingest.write import deferred
 from pipeline.ingest.write import sql
@@ -44,10 +44,10 @@ from pipeline.ingest.records import LogRecord, SpanRecord
 from pipeline.ingest.write.rows import build_rows, delete_span_rows, encode_span_json, insert_rows
 from pipeline.ingest.write.sanitise import INT64_MAX, clean_log, clean_record
 from pipeline.ingest.write.sql import update_rows
-from pipeline.ingest.write.conversations import resolve_conversations, resolve_rounds
+from pipeline.ingest.write.conversations import decide_conversations, resolve_conversations, resolve_rounds
 from pipeline.insight.finding_counts import mark_stale
 from pipeline.rollups import track as rollups
-from pipeline.models import Conversation, Round, Span, SpanLog
+from pipeline.models import Round, Span, SpanLog
 from pipeline.signals import IngestChanges, empty_changes, ingest_committed
 
 logger = logging.getLogger(__name__)
@@ -173,14 +173,6 @@ def _in_transaction(
     raise AssertionError("unreachable: the last attempt returns or raises")
 
 
-def _lock_conversations_of(keys: list[tuple[str, str]]) -> None:
-    """Lock the conversations of the stored spans `keys` before their rows are deleted: every
-    writer (ingest, the admin, prune) locks conversations before their rows, so none of them
-    waits for a row while holding what the other waits for."""
-    if connection.features.has_select_for_update:  # SQLite: one writer at a time already
-        sql.lock_rows(Conversation, {row[2] for row in sql.by_spans(Span, ["conversation_id"], keys)} - {None})
-
-
 def _account(batch: PreparedBatch, fresh: set[tuple[str, str]], changes: IngestChanges) -> None:
     """`batch.result` once its spans are stored: those not in `fresh` were stored already."""
     accepted = sum((s.record.trace_id, s.record.span_id) in fresh for s in batch.spans)
@@ -217,10 +209,12 @@ def _store(
         or (k in finishing and s.record.end_time_unix_nano > 0)
     ]
     replaced = [s for s in fresh if (s.record.trace_id, s.record.span_id) in stored]
+    # Every conversation the batch writes, locked in one pass before any other row is touched:
+    # those of the replaced spans' rows, deleted next, among them (a trace's spans share one).
+    decided = decide_conversations(fresh) if fresh else None
     resum: set[tuple[str, str]] = set()  # (trace, tool_call_id) whose context cost the replaced rows counted in
     if replaced:
         keys = [(s.record.trace_id, s.record.span_id) for s in replaced]
-        _lock_conversations_of(keys)
         resum = tool_context.forget_replaced(keys, [key for key, s in zip(keys, replaced) if s.llm is None])
         delete_span_rows(keys)
 
@@ -228,7 +222,7 @@ def _store(
     conversation_ids: set[int] = set()
     recount: set[int] = set()  # rounds whose stored rows changed: aggregated again, not added to
     if fresh:
-        conversations, created, merged, folded = resolve_conversations(fresh)
+        conversations, created, merged, folded = resolve_conversations(fresh, decided)
         rounds, new_rounds = resolve_rounds(fresh, conversations)
         round_ids = {r.id for r in rounds.values()}
         stored_rounds = round_ids - new_rounds
