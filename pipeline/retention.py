@@ -99,7 +99,9 @@ def _delete_batch(queryset: models.QuerySet, batch_size: int) -> int | None:
                        .values_list("pk", flat=True))
         # the calls leave their rollups, those a round's delete cascades to included: one ingested
         # late, with a span that started long ago, after this conversation's calls went
-        _, per_model = rollups.collect_deletion(model.objects.filter(pk__in=ids)).delete()
+        # ids alone: the cascade goes by primary key, so an LLM call's messages (megabytes, perhaps)
+        # are not read to be deleted
+        _, per_model = rollups.collect_deletion(model.objects.filter(pk__in=ids).only("pk")).delete()
     return per_model.get(model._meta.label, 0)
 
 

@@ -233,3 +233,21 @@ def test_a_batch_of_spans_goes_in_one_delete_without_reading_them(artifact_dir):
     span_reads = [q["sql"] for q in queries if q["sql"].startswith("SELECT") and '"pipeline_span"' in q["sql"]]
     assert span_reads and all('"pipeline_span"."attributes"' not in sql for sql in span_reads), span_reads
     assert sum(q["sql"].startswith("DELETE") for q in queries) == 1
+
+
+@time_machine.travel(NOW, tick=False)
+def test_batches_of_llm_calls_and_rounds_are_deleted_without_reading_their_text(artifact_dir):
+    """Their cascades (tool requests, late calls) are found by id: an LLM call's messages and a
+    round's user message and answer, which can be megabytes, are not read to be deleted."""
+    conversation = make_conversation("long messages", NOW - dt.timedelta(days=60))
+    LLMCall.objects.update(input_messages=[{"role": "user", "parts": [{"type": "text", "content": "x" * 10_000}]}])
+    Round.objects.update(user_message="y" * 10_000, final_answer="z" * 10_000)
+
+    with CaptureQueriesContext(connection) as queries:
+        calls, _ = delete_in_batches(LLMCall.objects.filter(conversation=conversation))
+        rounds, _ = delete_in_batches(Round.objects.filter(conversation=conversation))
+
+    assert (calls, rounds) == (1, 1) and not LLMCall.objects.exists() and not Round.objects.exists()
+    reads = [q["sql"] for q in queries if q["sql"].startswith("SELECT")]
+    assert not [sql for sql in reads if any(column in sql for column in (
+        '"input_messages"', '"output_messages"', '"user_message"', '"final_answer"'))], reads
