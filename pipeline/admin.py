@@ -48,7 +48,15 @@ class DeletedMeanwhile(Exception):
     operator, a `prune` batch or ingest replacing its span, committed meanwhile)."""
 
 
-class FiguresFollowAdminChanges:
+class DeletesStartAgainAfterDeadlock:
+    """The delete page's transaction, started again when PostgreSQL ended a deadlock by aborting it."""
+
+    def delete_view(self, request: HttpRequest, object_id: str, extra_context: dict | None = None) -> HttpResponse:
+        view = super().delete_view  # type: ignore[misc]
+        return sql.retrying_deadlocks(lambda: view(request, object_id, extra_context))
+
+
+class FiguresFollowAdminChanges(DeletesStartAgainAfterDeadlock):
     """Rounds, calls, compressions and skill activations edited or deleted here keep the derived
     figures right, in the change's transaction: the rollups follow (the ORM hooks for a save,
     `collect_deletion` with what cascades for a delete), so do the tool context ledger and sums,
@@ -76,10 +84,6 @@ class FiguresFollowAdminChanges:
             return sql.retrying_deadlocks(lambda: view(request, object_id, form_url, extra_context))
         except DeletedMeanwhile:  # its transaction rolled back: said as Django says it of a row gone before
             return self._get_obj_does_not_exist_redirect(request, self.opts, object_id)
-
-    def delete_view(self, request: HttpRequest, object_id: str, extra_context: dict | None = None) -> HttpResponse:
-        view = super().delete_view
-        return sql.retrying_deadlocks(lambda: view(request, object_id, extra_context))
 
     def save_model(self, request: HttpRequest, obj: Model, form, change: bool) -> None:
         if change and not form.has_changed():  # nothing to write (the form would round times to seconds)
@@ -297,7 +301,7 @@ class ApiKeyAdmin(admin.ModelAdmin):
 
 
 @admin.register(Conversation)
-class ConversationAdmin(admin.ModelAdmin):
+class ConversationAdmin(DeletesStartAgainAfterDeadlock, admin.ModelAdmin):
     list_display = ("__str__", "external_id", "model", "status", "round_count", "tool_call_count",
                     "input_tokens", "output_tokens", "last_activity_at")
     list_filter = ("status", "model")
@@ -307,10 +311,6 @@ class ConversationAdmin(admin.ModelAdmin):
     # Deleted as prune's last step deletes them (retention.delete_conversations), locking in
     # ingest's order (Django's own delete writes the rollups first and locks the conversation
     # last); started again after a deadlock.
-    def delete_view(self, request: HttpRequest, object_id: str, extra_context: dict | None = None) -> HttpResponse:
-        view = super().delete_view
-        return sql.retrying_deadlocks(lambda: view(request, object_id, extra_context))
-
     def delete_model(self, request: HttpRequest, obj: Conversation) -> None:
         self.delete_queryset(request, Conversation.objects.filter(pk=obj.pk))
 
