@@ -74,9 +74,9 @@ class FiguresFollowAdminChanges(DeletesStartAgainAfterDeadlock):
         names = {field.name for field in self.model._meta.fields}
         return (*(n for n in ("trace_id", "span_id") if n in names), *super().get_readonly_fields(request, obj))
 
-    # Writers lock conversations, then rows, then rollup rows, but a writer locking conversations in
-    # two passes (ingest, the deferred run) may still deadlock with one here: when PostgreSQL ends
-    # it by aborting this side, it starts again.
+    # Writers lock conversations, then rows, then rollup rows, but one that locks conversations a
+    # second time (the deferred run, after a placeholder was folded meanwhile) may still deadlock
+    # with one here: when PostgreSQL ends it by aborting this side, it starts again.
     def changeform_view(self, request: HttpRequest, object_id: str | None = None, form_url: str = "",
                         extra_context: dict | None = None) -> HttpResponse:
         view = super().changeform_view

@@ -1,6 +1,7 @@
 """Two ingest transactions on one conversation or one trace at once, on PostgreSQL
-(tests.concurrency): one request's transaction is held open after it stored its spans while
-another request for the same conversation (or the same trace) runs."""
+(tests.concurrency): one request's transaction is held open after it stored its spans, or paused
+before a chosen statement, while another request for the same conversation (or the same trace)
+runs."""
 
 from __future__ import annotations
 
@@ -9,9 +10,9 @@ from datetime import UTC, datetime
 import pytest
 
 from pipeline import semconv as sc
-from pipeline.ingest.records import SpanRecord
+from pipeline.ingest.records import LogRecord, SpanRecord
 from pipeline.ingest.write.store import store_spans
-from pipeline.models import Conversation, Rollup, Span
+from pipeline.models import Conversation, LLMCall, Rollup, Span
 from tests.concurrency import Held, PausedAt, deadlocks, finish, needs_postgres, run_until_it_waits
 
 pytestmark = [pytest.mark.django_db(transaction=True), needs_postgres]
@@ -109,3 +110,31 @@ def test_a_request_finishing_an_open_span_locks_its_conversations_in_one_pass_in
     assert deadlocks(finishing.backend, other.backend) == before
     assert Span.objects.get(trace_id="b" * 32).end_time_unix_nano == T0 + 900 * MS
     assert sorted(Conversation.objects.values_list("external_id", "round_count")) == [("earlier", 3), ("later", 2)]
+
+
+def test_a_request_with_logs_of_a_stored_trace_locks_its_conversation_with_the_others():
+    """A request brings the event logs of a call stored in the earlier conversation, whose messages
+    it rebuilds, and a turn of the later one; another adds turns to both. (The logs' conversation
+    was locked after the call was rebuilt, out of id order: the two requests deadlocked.)"""
+    store_spans([span("f" * 32, "1" * 16, 0, 10, **{sc.CONVERSATION_ID: "earlier"}),
+                 span("f" * 32, "2" * 16, 1, 5, parent="1" * 16, **{sc.CONVERSATION_ID: "earlier"})])
+    store_spans([span("9" * 32, "9" * 16, 100, 200, **{sc.CONVERSATION_ID: "later"})])
+    earlier, later = Conversation.objects.order_by("pk")
+    assert (earlier.external_id, later.external_id) == ("earlier", "later")
+    assert not LLMCall.objects.get(span_id="2" * 16).input_messages
+    before = deadlocks()
+
+    logs = [LogRecord("f" * 32, "2" * 16, T0 + 2 * MS, "gen_ai.user.message", {"content": "Weather in Paris?"})]
+    with_logs = PausedAt('"pipeline_spanlog"', lambda: store_spans(
+        [span("a" * 32, "a" * 16, 300, 400, **{sc.CONVERSATION_ID: "later"})], logs=logs), after=" FOR UPDATE")
+    other = run_until_it_waits(lambda: store_spans([
+        span("b" * 32, "b" * 16, 500, 600, **{sc.CONVERSATION_ID: "earlier"}),
+        span("c" * 32, "c" * 16, 500, 600, **{sc.CONVERSATION_ID: "later"})]))
+    assert other.is_alive()  # waits for a conversation the request with logs holds
+    with_logs.go_on()
+    assert with_logs.result().accepted == 1
+    finish(other)
+
+    assert deadlocks(with_logs.backend, other.backend) == before
+    assert LLMCall.objects.get(span_id="2" * 16).input_messages  # rebuilt from the logs
+    assert sorted(Conversation.objects.values_list("external_id", "round_count")) == [("earlier", 2), ("later", 3)]

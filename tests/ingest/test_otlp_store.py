@@ -16,6 +16,7 @@ from pipeline.models import (
     CompressionEvent,
     Conversation,
     LLMCall,
+    Rollup,
     Round,
     SkillActivation,
     Span,
@@ -165,6 +166,27 @@ def test_an_unfinished_span_is_replaced_by_its_finished_version():
     assert store_spans([root]).accepted == 1
     assert Round.objects.get().status == "ok"
     assert Span.objects.get(span_id=ROOT).end_time_unix_nano == root.end_time_unix_nano
+
+
+@pytest.mark.parametrize("child", [False, True], ids=["root", "llm call"])
+def test_an_unfinished_span_in_a_placeholder_finished_with_a_conversation_id_folds_it_into_that(child):
+    """Stored open without a conversation id (so in a placeholder named after the trace), finished
+    with one: the placeholder folds into the named conversation, as it does for later children;
+    nothing of it stays behind, in the rows or the rollups."""
+    root = agent_trace()[1 if child else 0]
+    attributes = {k: v for k, v in root.attributes.items() if k != "gen_ai.conversation.id"}
+    store_spans([SpanRecord(root.trace_id, root.span_id, root.name, root.start_time_unix_nano, 0,
+                            parent_span_id=root.parent_span_id, attributes=attributes)])
+    assert Conversation.objects.get().external_id == TRACE
+
+    finished = SpanRecord(root.trace_id, root.span_id, root.name, root.start_time_unix_nano, root.end_time_unix_nano,
+                          parent_span_id=root.parent_span_id, attributes={**attributes, "gen_ai.conversation.id": "named"})
+    assert store_spans([finished]).accepted == 1
+
+    conversation = Conversation.objects.get()
+    assert (conversation.external_id, conversation.round_count) == ("named", 1)
+    assert conversation.llm_call_count == (1 if child else 0)
+    assert sum(Rollup.objects.filter(kind="conversation", grain="d").values_list("calls", flat=True)) == 1
 
 
 def test_children_before_a_root_that_names_the_conversation_end_up_in_it():

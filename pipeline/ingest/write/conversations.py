@@ -115,12 +115,18 @@ class DecidedConversations:
     created: set[int]
 
 
-def decide_conversations(spans: list[NormalisedSpan]) -> DecidedConversations:
+def stored_conversation_ids(trace_ids: Iterable[str]) -> set[int]:
+    """The conversations the stored spans of `trace_ids` went to."""
+    return {conversation_id for conversation_id, _ in _stored_conversations(sorted(set(trace_ids))).values()}
+
+
+def decide_conversations(spans: list[NormalisedSpan], also: Iterable[int] = ()) -> DecidedConversations:
     """Decide which conversation each trace of `spans` belongs to, create the missing ones, and
     lock (PostgreSQL) every conversation the batch will write, its placeholders to fold included,
-    in one pass in id order: the caller does this before it touches any other row (the rows of
-    the open spans the batch replaces belong to these same conversations), so no ingest, admin
-    change or prune batch waits for a row while holding a conversation the other waits for.
+    and the conversations `also`, in one pass in id order: the caller does this before it touches
+    any other row (the rows of the open spans the batch replaces belong to these same
+    conversations), so no ingest, admin change or prune batch waits for a row while holding a
+    conversation the other waits for.
 
     The caller holds the locks of the batch's traces (`sql.lock_traces`), so what is stored of
     each trace cannot change while its conversation is decided.
@@ -171,7 +177,7 @@ def decide_conversations(spans: list[NormalisedSpan]) -> DecidedConversations:
 
     if not one_writer:
         # Lock, then read: ids found above are only used to lock (a lookup by external id never waits).
-        found = _locked_conversations([*(c.id for c in found.values()), *merges.values()])
+        found = _locked_conversations([*(c.id for c in found.values()), *merges.values(), *also])
         gone = set(wanted) - found.keys()
         if gone:  # deleted (pruned) between the lookup and the lock: the transaction is retried
             raise IntegrityError(f"conversations {sorted(gone)} vanished while being locked")
@@ -179,17 +185,15 @@ def decide_conversations(spans: list[NormalisedSpan]) -> DecidedConversations:
 
 
 def resolve_conversations(
-    spans: list[NormalisedSpan], decided: DecidedConversations | None = None,
+    spans: list[NormalisedSpan], decided: DecidedConversations,
 ) -> tuple[dict[str, Conversation], set[int], set[int], set[int]]:
     """{trace_id: Conversation} for every trace in `spans`, the ids of conversations created, the
     ids of conversations a placeholder was merged into (their rounds may now hold rows that were
     never linked together), and the ids of the rounds a placeholder's rounds were folded into
     (rows of two rounds now in one, whether or not the batch has spans of it).
 
-    `decided`: what `decide_conversations` settled for these spans, when the caller locked their
-    conversations first; decided (and locked) here otherwise.
+    `decided`: what `decide_conversations` settled (and locked) for these spans.
     """
-    decided = decided or decide_conversations(spans)
     target, merges, found = decided.target, decided.merges, decided.found
     folded: set[int] = set()
     for trace_id, placeholder_id in merges.items():

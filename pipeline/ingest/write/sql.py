@@ -142,8 +142,9 @@ def execute(query: str, params: Sequence[Any] = ()) -> int:
 def lock_rows(model: type[Model], ids: Iterable[int]) -> None:
     """Row locks on `ids`, taken in id order (PostgreSQL; SQLite already has one writer at a time).
 
-    Every ingest transaction locks the conversations it touches this way before changing any of
-    them or their rounds, so concurrent writers queue instead of deadlocking.
+    Every writer locks the conversations it touches in id order before changing any of them or
+    their rows (ingest in one pass, pipeline.ingest.write.conversations.decide_conversations), so
+    concurrent writers queue instead of deadlocking.
     """
     ids = sorted(set(ids))
     if ids and connection.features.has_select_for_update:

@@ -29,7 +29,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from django.db import IntegrityError, OperationalError, transaction
+from django.db import IntegrityError, OperationalError, connection, transaction
 
 from pipeline.ingest.write import deferred
 from pipeline.ingest.write import sql
@@ -44,10 +44,12 @@ from pipeline.ingest.records import LogRecord, SpanRecord
 from pipeline.ingest.write.rows import build_rows, delete_span_rows, encode_span_json, insert_rows
 from pipeline.ingest.write.sanitise import INT64_MAX, clean_log, clean_record
 from pipeline.ingest.write.sql import update_rows
-from pipeline.ingest.write.conversations import decide_conversations, resolve_conversations, resolve_rounds
+from pipeline.ingest.write.conversations import (
+    decide_conversations, resolve_conversations, resolve_rounds, stored_conversation_ids,
+)
 from pipeline.insight.finding_counts import mark_stale
 from pipeline.rollups import track as rollups
-from pipeline.models import Round, Span, SpanLog
+from pipeline.models import Conversation, Round, Span, SpanLog
 from pipeline.signals import IngestChanges, empty_changes, ingest_committed
 
 logger = logging.getLogger(__name__)
@@ -210,8 +212,14 @@ def _store(
     ]
     replaced = [s for s in fresh if (s.record.trace_id, s.record.span_id) in stored]
     # Every conversation the batch writes, locked in one pass before any other row is touched:
-    # those of the replaced spans' rows, deleted next, among them (a trace's spans share one).
-    decided = decide_conversations(fresh) if fresh else None
+    # those of the replaced spans' rows, deleted next, among them (a trace's spans share one), and
+    # those of the traces the request brings only logs for, whose stored calls apply_logs rebuilds.
+    log_only = {log.trace_id for log in logs if log.trace_id} - {s.record.trace_id for s in fresh}
+    also = stored_conversation_ids(log_only) if log_only and connection.features.has_select_for_update else set()
+    if fresh:
+        decided = decide_conversations(fresh, also)
+    else:
+        sql.lock_rows(Conversation, also)
     resum: set[tuple[str, str]] = set()  # (trace, tool_call_id) whose context cost the replaced rows counted in
     if replaced:
         keys = [(s.record.trace_id, s.record.span_id) for s in replaced]
