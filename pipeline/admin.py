@@ -6,6 +6,7 @@ import logging
 from collections.abc import Callable, Iterable
 
 from django.contrib import admin, messages
+from django.contrib.admin.views.main import ChangeList
 from django.db import transaction
 from django.db.models import Model, QuerySet
 from django.db.models.deletion import Collector
@@ -46,6 +47,24 @@ PREVIEW_BYTES = 4096
 class DeletedMeanwhile(Exception):
     """The row an admin edit saves was deleted after the edit read it (on PostgreSQL, by another
     operator, a `prune` batch or ingest replacing its span, committed meanwhile)."""
+
+
+class ChangeListWithoutBulk(ChangeList):
+    """A change list that leaves out its model admin's `list_defer` columns."""
+
+    def get_queryset(self, request: HttpRequest, exclude_parameters: list[str] | None = None) -> QuerySet:
+        return super().get_queryset(request, exclude_parameters).defer(*self.model_admin.list_defer)
+
+
+class ListsWithoutBulk:
+    """Change lists leave out the columns that hold a row's bulk and that no list column shows
+    (messages, observations, raw attributes: megabytes, perhaps, per row): a page of 100 LLM
+    calls read and decoded every message of each. Searching and filtering still use them."""
+
+    list_defer: tuple[str, ...] = ()
+
+    def get_changelist(self, request: HttpRequest, **kwargs: object) -> type[ChangeList]:
+        return ChangeListWithoutBulk
 
 
 class DeletesStartAgainAfterDeadlock:
@@ -320,16 +339,18 @@ class ConversationAdmin(DeletesStartAgainAfterDeadlock, admin.ModelAdmin):
 
 
 @admin.register(Round)
-class RoundAdmin(FiguresFollowAdminChanges, admin.ModelAdmin):
+class RoundAdmin(ListsWithoutBulk, FiguresFollowAdminChanges, admin.ModelAdmin):
     list_display = ("conversation", "key", "status", "started_at", "duration_ms", "llm_call_count", "tool_call_count")
+    list_defer = ("user_message", "final_answer")
     list_filter = ("status",)
     search_fields = ("key", "trace_id", "user_message", "final_answer")
     raw_id_fields = ("conversation",)
 
 
 @admin.register(LLMCall)
-class LLMCallAdmin(FiguresFollowAdminChanges, admin.ModelAdmin):
+class LLMCallAdmin(ListsWithoutBulk, FiguresFollowAdminChanges, admin.ModelAdmin):
     list_display = ("model", "conversation", "input_tokens", "output_tokens", "context_tokens", "status", "started_at")
+    list_defer = ("input_messages", "output_messages", "input_digest", "output_digest", "context_composition")
     list_filter = ("status", "model", "provider")
     search_fields = ("trace_id", "span_id", "model")
     raw_id_fields = ("conversation",)
@@ -339,9 +360,10 @@ class LLMCallAdmin(FiguresFollowAdminChanges, admin.ModelAdmin):
 
 
 @admin.register(ToolCall)
-class ToolCallAdmin(FiguresFollowAdminChanges, admin.ModelAdmin):
+class ToolCallAdmin(ListsWithoutBulk, FiguresFollowAdminChanges, admin.ModelAdmin):
     list_display = ("tool_name", "tool_call_id", "conversation", "success", "error_type", "retry_count",
                     "duration_ms", "started_at")
+    list_defer = ("arguments", "observation", "tokens_at_level")
     list_filter = ("success", "tool_name", "output_level", "error_type")
     search_fields = ("tool_name", "tool_call_id", "trace_id", "span_id")
     raw_id_fields = ("conversation", "round", "llm_call", "artifact")
@@ -363,16 +385,18 @@ class SkillActivationAdmin(FiguresFollowAdminChanges, admin.ModelAdmin):
 
 
 @admin.register(Span)
-class SpanAdmin(admin.ModelAdmin):
+class SpanAdmin(ListsWithoutBulk, admin.ModelAdmin):
     list_display = ("name", "kind", "trace_id", "span_id", "status_code", "duration_ms", "start_time", "source")
+    list_defer = ("attributes", "events", "links", "resource")
     list_filter = ("kind", "status_code", "source")
     search_fields = ("trace_id", "span_id", "name")
     raw_id_fields = ("conversation",)
 
 
 @admin.register(SpanLog)
-class SpanLogAdmin(admin.ModelAdmin):
+class SpanLogAdmin(ListsWithoutBulk, admin.ModelAdmin):
     list_display = ("event_name", "trace_id", "span_id", "time_unix_nano", "received_at")
+    list_defer = ("body", "attributes")
     list_filter = ("event_name",)
     search_fields = ("trace_id", "span_id", "event_name")
 
@@ -388,11 +412,15 @@ class ToolResultCarryAdmin(KeptByIngest, admin.ModelAdmin):
 
 
 @admin.register(ToolRequest)
-class ToolRequestAdmin(KeptByIngest, admin.ModelAdmin):
+class ToolRequestAdmin(ListsWithoutBulk, KeptByIngest, admin.ModelAdmin):
     """Which LLM call asked for which tool call (pipeline.ingest.write.linking): kept by ingest
     with each call, read-only here."""
 
     list_display = ("tool_call_id", "name", "llm_call", "round")
+    list_select_related = ("llm_call", "round")
+    list_defer = ("llm_call__input_messages", "llm_call__output_messages", "llm_call__input_digest",
+                  "llm_call__output_digest", "llm_call__context_composition", "round__user_message",
+                  "round__final_answer")
     search_fields = ("tool_call_id", "name")
     raw_id_fields = ("llm_call", "round")
 

@@ -5,9 +5,11 @@ from datetime import timedelta
 
 import pytest
 from django.contrib import admin
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
-from pipeline.ingest.records import SpanRecord
+from pipeline.ingest.records import LogRecord, SpanRecord
 from pipeline.ingest.write.store import store_spans
 from pipeline.models import ApiKey, Artifact, LLMCall
 from pipeline.models.apikeys import Scope
@@ -145,3 +147,47 @@ def test_an_llm_calls_output_and_round_are_read_only_in_the_admin(client, alice)
     editable = set(response.context["adminform"].form.fields)
     assert {"output_messages", "round"}.isdisjoint(editable)
     assert "call_1" in response.content.decode()  # still shown
+
+
+LISTS_WITHOUT_BULK = [m for m, model_admin in admin.site._registry.items() if getattr(model_admin, "list_defer", ())]
+
+
+def bulk_columns(model) -> set[str]:
+    """The quoted "table"."column" of each of `model`'s admin `list_defer` names (across relations)."""
+    columns = set()
+    for name in admin.site._registry[model].list_defer:
+        *path, last = name.split("__")
+        owner = model
+        for step in path:
+            owner = owner._meta.get_field(step).related_model
+        columns.add(f'"{owner._meta.db_table}"."{owner._meta.get_field(last).column}"')
+    return columns
+
+
+@pytest.mark.parametrize("model", LISTS_WITHOUT_BULK, ids=lambda m: m.__name__)
+def test_a_changelist_reads_no_messages_observations_or_raw_attributes(client, alice, model):
+    """Rows whose bulk no list column shows (an LLM call's messages can be megabytes) are listed
+    without it: a page of 100 read and decoded all of it."""
+    trace, started = "7" * 32, 1_763_800_000_000_000_000
+    big = "context " * 5_000
+    messages = json.dumps([{"role": "user", "parts": [{"type": "text", "content": big}]}])
+    store_spans([
+        SpanRecord(trace, "1" * 16, "invoke_agent", started, started + 10**9, attributes={
+            "gen_ai.operation.name": "invoke_agent", "gen_ai.conversation.id": "bulky", "ctxlens.round.user_message": big}),
+        SpanRecord(trace, "2" * 16, "chat gpt-4o", started + 1, started + 10**8, parent_span_id="1" * 16, attributes={
+            "gen_ai.operation.name": "chat", "gen_ai.request.model": "gpt-4o", "gen_ai.input.messages": messages,
+            "gen_ai.output.messages": json.dumps([{"role": "assistant", "parts": [
+                {"type": "tool_call", "id": "call_1", "name": "search", "arguments": {"q": big[:100]}}]}])}),
+        SpanRecord(trace, "3" * 16, "execute_tool search", started + 2 * 10**8, started + 3 * 10**8,
+                   parent_span_id="1" * 16, attributes={
+                       "gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "search",
+                       "gen_ai.tool.call.id": "call_1", "gen_ai.tool.call.result": big}),
+    ], logs=[LogRecord(trace, "2" * 16, started + 2, "gen_ai.user.message", {"content": big})])
+    client.force_login(alice)
+
+    with CaptureQueriesContext(connection) as queries:
+        response = client.get(reverse(f"admin:pipeline_{model._meta.model_name}_changelist"))
+
+    assert response.status_code == 200 and response.context["cl"].result_count >= 1
+    selects = [q["sql"] for q in queries if q["sql"].startswith("SELECT")]
+    assert not [(column, sql) for sql in selects for column in bulk_columns(model) if column in sql]
