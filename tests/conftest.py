@@ -33,6 +33,19 @@ def django_db_setup(django_db_setup):
     stop_writer()
 
 
+@pytest.fixture
+def settled(transactional_db) -> Iterator[None]:
+    """Afterwards, the token counts the commits left to the background are waited for and the finding
+    counts refreshed here, so no background refresh has anything left to write: emptying the
+    tables while one writes deadlocks on PostgreSQL."""
+    yield
+    from pipeline.insight import finding_counts
+    from tests.otlp_support import wait_for_deferred_tokens
+
+    wait_for_deferred_tokens()
+    finding_counts.refresh_stale()
+
+
 @pytest.fixture(scope="session", autouse=True)
 def collected_static() -> None:
     """Static files collected as `make run` collects them (hashed, compressed, with a manifest):

@@ -15,7 +15,7 @@ from pipeline.ingest.write.store import store_spans
 from pipeline.models import Conversation, LLMCall, Rollup, Span
 from tests.concurrency import Held, PausedAt, deadlocks, finish, needs_postgres, run_until_it_waits
 
-pytestmark = [pytest.mark.django_db(transaction=True), needs_postgres]
+pytestmark = [pytest.mark.django_db(transaction=True), needs_postgres, pytest.mark.usefixtures("settled")]
 
 T0 = 1_763_800_000_000_000_000
 MS = 1_000_000
@@ -138,3 +138,28 @@ def test_a_request_with_logs_of_a_stored_trace_locks_its_conversation_with_the_o
     assert deadlocks(with_logs.backend, other.backend) == before
     assert LLMCall.objects.get(span_id="2" * 16).input_messages  # rebuilt from the logs
     assert sorted(Conversation.objects.values_list("external_id", "round_count")) == [("earlier", 2), ("later", 3)]
+
+
+def test_a_request_of_logs_alone_locks_the_conversation_of_the_call_it_rebuilds():
+    """The call sits in another conversation than its span (an operator moved it): a request of
+    its event logs alone locks the call's conversation, in id order, before rebuilding it."""
+    store_spans([span("9" * 32, "9" * 16, 0, 10, **{sc.CONVERSATION_ID: "earlier"})])
+    store_spans([span("f" * 32, "1" * 16, 100, 200, **{sc.CONVERSATION_ID: "later"}),
+                 span("f" * 32, "2" * 16, 101, 150, parent="1" * 16, **{sc.CONVERSATION_ID: "later"})])
+    earlier, later = Conversation.objects.order_by("pk")
+    assert (earlier.external_id, later.external_id) == ("earlier", "later")
+    LLMCall.objects.filter(span_id="2" * 16).update(conversation=earlier, round=None)  # as the admin leaves it
+    before = deadlocks()
+
+    logs = [LogRecord("f" * 32, "2" * 16, T0 + 102 * MS, "gen_ai.user.message", {"content": "Weather in Paris?"})]
+    with_logs = PausedAt('"pipeline_spanlog"', lambda: store_spans([], logs=logs), after=" FOR UPDATE")
+    other = run_until_it_waits(lambda: store_spans([
+        span("b" * 32, "b" * 16, 500, 600, **{sc.CONVERSATION_ID: "earlier"}),
+        span("c" * 32, "c" * 16, 500, 600, **{sc.CONVERSATION_ID: "later"})]))
+    assert other.is_alive()  # waits for the conversation the request of logs holds
+    with_logs.go_on()
+    with_logs.result()
+    finish(other)
+
+    assert deadlocks(with_logs.backend, other.backend) == before
+    assert LLMCall.objects.get(span_id="2" * 16).input_messages  # rebuilt from the logs

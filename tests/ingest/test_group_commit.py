@@ -14,11 +14,9 @@ from pipeline.ingest.records import SpanRecord
 from pipeline.ingest.service import StoreChunk
 from pipeline.ingest.write.store import prepare_spans, store_spans
 from pipeline.ingest.write.writer_threads import JoinableWork, WriterPool
-from pipeline.insight import finding_counts
 from pipeline.models import Conversation, Rollup, Round, Span
 from pipeline.signals import ingest_committed
 from tests.agent_traces import record_turns
-from tests.otlp_support import wait_for_deferred_tokens
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -48,16 +46,6 @@ def commits() -> Iterator[list[dict]]:
     ingest_committed.connect(receiver, dispatch_uid="tests.group_commit")
     yield seen
     ingest_committed.disconnect(dispatch_uid="tests.group_commit")
-
-
-@pytest.fixture
-def settled(transactional_db) -> Iterator[None]:
-    """Afterwards, the token counts the commits left to the background are waited for and the finding
-    counts refreshed here, so no background refresh has anything left to write: emptying the
-    tables while one writes deadlocks on PostgreSQL."""
-    yield
-    wait_for_deferred_tokens()
-    finding_counts.refresh_stale()
 
 
 @pytest.fixture

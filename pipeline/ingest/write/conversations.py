@@ -115,11 +115,6 @@ class DecidedConversations:
     created: set[int]
 
 
-def stored_conversation_ids(trace_ids: Iterable[str]) -> set[int]:
-    """The conversations the stored spans of `trace_ids` went to."""
-    return {conversation_id for conversation_id, _ in _stored_conversations(sorted(set(trace_ids))).values()}
-
-
 def decide_conversations(spans: list[NormalisedSpan], also: Iterable[int] = ()) -> DecidedConversations:
     """Decide which conversation each trace of `spans` belongs to, create the missing ones, and
     lock (PostgreSQL) every conversation the batch will write, its placeholders to fold included,

@@ -116,6 +116,16 @@ def _split_per_call(logs: list[SpanLog]) -> list[list[SpanLog]]:
     return [g for g in groups if g]
 
 
+def rebuilt_conversations(trace_ids: Iterable[str]) -> set[int]:
+    """The conversations `apply_logs(trace_ids)` may write: those of the traces' LLM calls (a call
+    sits in its span's conversation unless an operator moved it)."""
+    out: set[int] = set()
+    for chunk in sql.chunked(sorted(set(trace_ids))):
+        out.update(c for (c,) in sql.fetch(f"SELECT DISTINCT conversation_id FROM {sql.table(LLMCall)} "
+                                           f"WHERE trace_id IN ({sql.marks(chunk)})", list(chunk)))
+    return out
+
+
 def apply_logs(trace_ids: set[str]) -> tuple[set[int], set[int]]:
     """Rebuild the messages of the LLM calls of `trace_ids` from their logs; (round ids, conversation ids).
 

@@ -38,15 +38,13 @@ from pipeline.ingest.write import tool_context
 from pipeline.ingest.write.tool_levels import mark_pending
 from pipeline.ingest.write.counters import add_new_rows, recompute_counters
 from pipeline.ingest.write.linking import RoundRows, relink_stored
-from pipeline.ingest.write.logs import apply_logs, save_logs
+from pipeline.ingest.write.logs import apply_logs, rebuilt_conversations, save_logs
 from pipeline.ingest.normalise.span import NormalisedSpan, normalise
 from pipeline.ingest.records import LogRecord, SpanRecord
 from pipeline.ingest.write.rows import build_rows, delete_span_rows, encode_span_json, insert_rows
 from pipeline.ingest.write.sanitise import INT64_MAX, clean_log, clean_record
 from pipeline.ingest.write.sql import update_rows
-from pipeline.ingest.write.conversations import (
-    decide_conversations, resolve_conversations, resolve_rounds, stored_conversation_ids,
-)
+from pipeline.ingest.write.conversations import decide_conversations, resolve_conversations, resolve_rounds
 from pipeline.insight.finding_counts import mark_stale
 from pipeline.rollups import track as rollups
 from pipeline.models import Conversation, Round, Span, SpanLog
@@ -211,11 +209,13 @@ def _store(
         or (k in finishing and s.record.end_time_unix_nano > 0)
     ]
     replaced = [s for s in fresh if (s.record.trace_id, s.record.span_id) in stored]
+    # Traces with event logs whose stored calls are rebuilt from them (apply_logs, below).
+    relogged = set() if not (logs or any(s.llm is not None for s in fresh)) else (
+        ({s.record.trace_id for s in fresh} | {log.trace_id for log in logs if log.trace_id}) & logged)
     # Every conversation the batch writes, locked in one pass before any other row is touched:
     # those of the replaced spans' rows, deleted next, among them (a trace's spans share one), and
-    # those of the traces the request brings only logs for, whose stored calls apply_logs rebuilds.
-    log_only = {log.trace_id for log in logs if log.trace_id} - {s.record.trace_id for s in fresh}
-    also = stored_conversation_ids(log_only) if log_only and connection.features.has_select_for_update else set()
+    # those of the calls apply_logs rebuilds.
+    also = rebuilt_conversations(relogged) if relogged and connection.features.has_select_for_update else set()
     if fresh:
         decided = decide_conversations(fresh, also)
     else:
@@ -266,9 +266,8 @@ def _store(
         changes["span_count"] = len(fresh)
     if logs:
         save_logs(logs)
-    touched_traces = ({s.record.trace_id for s in fresh} | {log.trace_id for log in logs if log.trace_id}) & logged
-    if touched_traces and (logs or any(s.llm is not None for s in fresh)):
-        logged_rounds, logged_conversations = apply_logs(touched_traces)
+    if relogged:
+        logged_rounds, logged_conversations = apply_logs(relogged)
         if logged_rounds:
             relink_stored(logged_rounds, Round.objects.filter(id__in=logged_rounds).only("id", "final_answer"))
             tool_context.update_for_rounds(logged_rounds)
