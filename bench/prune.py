@@ -4,10 +4,10 @@ The team's standard load (../shared/bench/otlp_load.py, or CTXLENS_OTLP_LOAD) is
 this checkout, on a throw-away SQLite database (bench/ingest_phases.py's in-process ingest, token
 counts completed). Each round then prunes a fresh copy of it, with every conversation, span and
 log record past the cutoff, in a process of its own, timing the prune alone (wall: perf_counter,
-CPU: process_time). With --base, that commit's tree (a temporary git worktree) prunes its own copy
-and this checkout prune copies in turn, each going first every other round (base, this, this,
-base, …), so a slow spell of a shared machine lands on both sides; the ratios this/base of the
-mean figures follow.
+CPU: process_time). With --base, that commit's tree (a temporary git worktree) and this checkout
+each prune a copy of their own in every round, each going first every other round (base, this,
+this, base, …), so a slow spell of a shared machine lands on both sides; the ratios this/base of
+the mean figures follow.
 
     .venv/bin/python bench/prune.py [--spans 10000] [--rounds 4] [--batch-size 1000] [--base <commit>]
 """

@@ -370,16 +370,19 @@ class ToolCallAdmin(ListsWithoutBulk, FiguresFollowAdminChanges, admin.ModelAdmi
 
 
 @admin.register(CompressionEvent)
-class CompressionEventAdmin(FiguresFollowAdminChanges, admin.ModelAdmin):
+class CompressionEventAdmin(ListsWithoutBulk, FiguresFollowAdminChanges, admin.ModelAdmin):
     list_display = ("conversation", "strategy", "tokens_before", "tokens_after", "messages_before",
                     "messages_after", "occurred_at")
+    list_defer = ("before_messages", "after_messages", "dropped", "summarised", "summary",
+                  "tokens_before_by_category", "tokens_after_by_category", "estimated_costs")
     list_filter = ("strategy",)
     raw_id_fields = ("conversation", "round", "llm_call")
 
 
 @admin.register(SkillActivation)
-class SkillActivationAdmin(FiguresFollowAdminChanges, admin.ModelAdmin):
+class SkillActivationAdmin(ListsWithoutBulk, FiguresFollowAdminChanges, admin.ModelAdmin):
     list_display = ("skill_name", "conversation", "load_level", "depth", "tokens", "status", "activated_at")
+    list_defer = ("messages", "resources", "context_modifier", "chain", "error_message")
     list_filter = ("skill_name", "load_level", "status")
     raw_id_fields = ("conversation", "round")
 

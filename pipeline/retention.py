@@ -21,6 +21,7 @@ import datetime as dt
 from dataclasses import dataclass, field
 
 from django.db import connection, models, transaction
+from django.db.models.signals import post_delete, pre_delete
 from django.utils import timezone
 
 from pipeline.artifacts.cleanup import delete_artifacts, delete_expired_artifacts
@@ -70,8 +71,8 @@ class PruneResult:
 def delete_in_batches(queryset: models.QuerySet, batch_size: int = BATCH_SIZE) -> tuple[int, int]:
     """Delete the rows of `queryset` by primary key, `batch_size` per transaction.
 
-    Returns (rows of queryset's model deleted, batches). Cascades and post_delete receivers
-    (artifact files) run as usual inside each batch.
+    Returns (rows of queryset's model deleted, batches). Cascades and delete receivers run as
+    usual inside each batch.
     """
     deleted = batches = 0
     while (count := sql.retrying_deadlocks(lambda: _delete_batch(queryset, batch_size))) is not None:
@@ -97,11 +98,15 @@ def _delete_batch(queryset: models.QuerySet, batch_size: int) -> int | None:
             # again, now locked: a conversation may have come back to life, a row have gone meanwhile
             ids = list(queryset.filter(pk__in=ids).select_for_update(of=("self",)).order_by("pk")
                        .values_list("pk", flat=True))
-        # the calls leave their rollups, those a round's delete cascades to included: one ingested
-        # late, with a span that started long ago, after this conversation's calls went
-        # ids alone: the cascade goes by primary key, so an LLM call's messages (megabytes, perhaps)
-        # are not read to be deleted
-        _, per_model = rollups.collect_deletion(model.objects.filter(pk__in=ids).only("pk")).delete()
+        # The calls leave their rollups, those a round's delete cascades to included: one ingested
+        # late, with a span that started long ago, after this conversation's calls went. Rows are
+        # read by id alone when nothing listens for their delete (as Django reads cascaded ones):
+        # the cascade goes by primary key, and an LLM call's messages (megabytes, perhaps) are
+        # not read to be deleted.
+        rows = model.objects.filter(pk__in=ids)
+        if not (pre_delete.has_listeners(model) or post_delete.has_listeners(model)):
+            rows = rows.only("pk")
+        _, per_model = rollups.collect_deletion(rows).delete()
     return per_model.get(model._meta.label, 0)
 
 

@@ -1,5 +1,6 @@
-"""Shared fixtures: named users, an artifact sandbox per test, and real servers run the way
-`make run` runs them (uvicorn, DEBUG off, collected static files); daphne for its smoke test."""
+"""Shared fixtures: named users, an artifact sandbox per test, real servers run the way `make run`
+runs them (uvicorn, DEBUG off, collected static files), daphne for its smoke test, and `settled`
+for tests whose commits leave background work behind."""
 
 from __future__ import annotations
 

@@ -142,7 +142,7 @@ def test_a_request_with_logs_of_a_stored_trace_locks_its_conversation_with_the_o
 
 def test_a_request_of_logs_alone_locks_the_conversation_of_the_call_it_rebuilds():
     """The call sits in another conversation than its span (an operator moved it): a request of
-    its event logs alone locks the call's conversation, in id order, before rebuilding it."""
+    its event logs alone locks the call's conversation before rebuilding it."""
     store_spans([span("9" * 32, "9" * 16, 0, 10, **{sc.CONVERSATION_ID: "earlier"})])
     store_spans([span("f" * 32, "1" * 16, 100, 200, **{sc.CONVERSATION_ID: "later"}),
                  span("f" * 32, "2" * 16, 101, 150, parent="1" * 16, **{sc.CONVERSATION_ID: "later"})])

@@ -1,8 +1,8 @@
 """Which conversation a batch's traces go to, and what the conversation keeps, in one transaction.
 
-Runs on either database. On SQLite (one writer) resolve_conversations widens the rows it read by
-external id and inserts the new ones in one statement, without the lock-and-read PostgreSQL
-needs: these pin that the outcome is the same.
+Runs on either database. On SQLite (one writer) decide_conversations inserts the new rows in one
+statement and resolve_conversations widens the rows read by external id, without the
+lock-and-read PostgreSQL needs: these pin that the outcome is the same.
 """
 
 from __future__ import annotations

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+from datetime import UTC, datetime
 
 import pytest
 
@@ -24,7 +25,9 @@ from pipeline.models import (
     ToolCall,
     ToolResultCarry,
 )
+from pipeline.rollups.compact import rebuild_rollups
 from pipeline.signals import ingest_committed
+from tests.stored_rollups import rollup_rows
 
 pytestmark = pytest.mark.django_db
 
@@ -187,6 +190,9 @@ def test_an_unfinished_span_in_a_placeholder_finished_with_a_conversation_id_fol
     assert (conversation.external_id, conversation.round_count) == ("named", 1)
     assert conversation.llm_call_count == (1 if child else 0)
     assert sum(Rollup.objects.filter(kind="conversation", grain="d").values_list("calls", flat=True)) == 1
+    incremental = rollup_rows()
+    rebuild_rollups(now=datetime.fromtimestamp(T0 / 1e9, tz=UTC))  # keeping the minutes and hours of then
+    assert rollup_rows() == incremental
 
 
 def test_children_before_a_root_that_names_the_conversation_end_up_in_it():

@@ -237,17 +237,19 @@ def test_a_batch_of_spans_goes_in_one_delete_without_reading_them(artifact_dir):
 
 @time_machine.travel(NOW, tick=False)
 def test_batches_of_llm_calls_and_rounds_are_deleted_without_reading_their_text(artifact_dir):
-    """Their cascades (tool requests, late calls) are found by id: an LLM call's messages and a
-    round's user message and answer, which can be megabytes, are not read to be deleted."""
-    conversation = make_conversation("long messages", NOW - dt.timedelta(days=60))
+    """An LLM call's messages and a round's user message and answer, which can be megabytes, are
+    not read to be deleted: not in a batch of calls, nor of rounds, nor of what a round's delete
+    cascades to (a late call, still there when its round goes)."""
+    first = make_conversation("calls then rounds", NOW - dt.timedelta(days=60))
+    late = make_conversation("a late call", NOW - dt.timedelta(days=60))
     LLMCall.objects.update(input_messages=[{"role": "user", "parts": [{"type": "text", "content": "x" * 10_000}]}])
     Round.objects.update(user_message="y" * 10_000, final_answer="z" * 10_000)
 
     with CaptureQueriesContext(connection) as queries:
-        calls, _ = delete_in_batches(LLMCall.objects.filter(conversation=conversation))
-        rounds, _ = delete_in_batches(Round.objects.filter(conversation=conversation))
+        calls, _ = delete_in_batches(LLMCall.objects.filter(conversation=first))
+        rounds, _ = delete_in_batches(Round.objects.filter(conversation__in=[first, late]))
 
-    assert (calls, rounds) == (1, 1) and not LLMCall.objects.exists() and not Round.objects.exists()
+    assert (calls, rounds) == (1, 2) and not LLMCall.objects.exists() and not Round.objects.exists()
     reads = [q["sql"] for q in queries if q["sql"].startswith("SELECT")]
     assert not [sql for sql in reads if any(column in sql for column in (
         '"input_messages"', '"output_messages"', '"user_message"', '"final_answer"'))], reads

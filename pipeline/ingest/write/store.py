@@ -210,8 +210,9 @@ def _store(
     ]
     replaced = [s for s in fresh if (s.record.trace_id, s.record.span_id) in stored]
     # Traces with event logs whose stored calls are rebuilt from them (apply_logs, below).
-    relogged = set() if not (logs or any(s.llm is not None for s in fresh)) else (
-        ({s.record.trace_id for s in fresh} | {log.trace_id for log in logs if log.trace_id}) & logged)
+    relogged: set[str] = set()
+    if logs or any(s.llm is not None for s in fresh):
+        relogged = ({s.record.trace_id for s in fresh} | {log.trace_id for log in logs if log.trace_id}) & logged
     # Every conversation the batch writes, locked in one pass before any other row is touched:
     # those of the replaced spans' rows, deleted next, among them (a trace's spans share one), and
     # those of the calls apply_logs rebuilds.
