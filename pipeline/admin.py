@@ -139,9 +139,12 @@ class FiguresFollowAdminChanges(DeletesStartAgainAfterDeadlock):
         sql.retrying_deadlocks(lambda: self._delete_queryset(queryset))  # the delete action: no outer transaction
 
     def _delete_queryset(self, queryset: QuerySet) -> None:
+        model = queryset.model
+        # what the locks, the recount and the delete need of a row: not its messages or observation
+        needed = [field.name for field in model._meta.concrete_fields if field.name in ("conversation", "round")]
         with transaction.atomic():
             def rows_now() -> list[Model]:
-                return list(queryset.model.objects.filter(pk__in=queryset.values("pk")))
+                return list(rollups.rows_to_delete(model.objects.filter(pk__in=queryset.values("pk")), *needed))
 
             locked = _lock_conversations(lambda: {row.conversation_id for row in rows_now()})
             rows = rows_now()

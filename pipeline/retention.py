@@ -21,7 +21,6 @@ import datetime as dt
 from dataclasses import dataclass, field
 
 from django.db import connection, models, transaction
-from django.db.models.signals import post_delete, pre_delete
 from django.utils import timezone
 
 from pipeline.artifacts.cleanup import delete_artifacts, delete_expired_artifacts
@@ -99,14 +98,8 @@ def _delete_batch(queryset: models.QuerySet, batch_size: int) -> int | None:
             ids = list(queryset.filter(pk__in=ids).select_for_update(of=("self",)).order_by("pk")
                        .values_list("pk", flat=True))
         # The calls leave their rollups, those a round's delete cascades to included: one ingested
-        # late, with a span that started long ago, after this conversation's calls went. Rows are
-        # read by id alone when nothing listens for their delete (as Django reads cascaded ones):
-        # the cascade goes by primary key, and an LLM call's messages (megabytes, perhaps) are
-        # not read to be deleted.
-        rows = model.objects.filter(pk__in=ids)
-        if not (pre_delete.has_listeners(model) or post_delete.has_listeners(model)):
-            rows = rows.only("pk")
-        _, per_model = rollups.collect_deletion(rows).delete()
+        # late, with a span that started long ago, after this conversation's calls went.
+        _, per_model = rollups.collect_deletion(rollups.rows_to_delete(model.objects.filter(pk__in=ids))).delete()
     return per_model.get(model._meta.label, 0)
 
 

@@ -35,6 +35,7 @@ import orjson
 from django.db import connection, transaction
 from django.db.models import Model, QuerySet
 from django.db.models.deletion import Collector
+from django.db.models.signals import post_delete, pre_delete
 
 from pipeline.models import Conversation, Rollup
 from pipeline.rollups.figures import COLUMNS, KIND_OF, Figures, add_contribution, name_and_start, values_of
@@ -251,6 +252,16 @@ def inserted(model: type[Model], rows: Sequence[Model]) -> None:
 def deleting(model: type[Model], ids: Sequence[int]) -> None:
     """Take out rows about to be deleted (call before the delete, in its transaction)."""
     _add_stored(model, ids, sign=-1)
+
+
+def rows_to_delete(queryset: QuerySet, *also: str) -> QuerySet:
+    """`queryset` reading the primary key and the fields `also` alone when nothing listens for its
+    model's deletes, as Django reads the rows a delete cascades to: the cascade goes by primary key,
+    and an LLM call's messages (megabytes, perhaps) are not read to be deleted."""
+    model = queryset.model
+    if pre_delete.has_listeners(model) or post_delete.has_listeners(model):
+        return queryset
+    return queryset.only("pk", *also)
 
 
 def collect_deletion(objs: Iterable[Model]) -> Collector:

@@ -173,10 +173,8 @@ def bulk_columns(model) -> set[str]:
     return columns
 
 
-@pytest.mark.parametrize("model", list(BULK_COLUMNS), ids=lambda m: m.__name__)
-def test_a_changelist_reads_no_messages_observations_or_raw_attributes(client, alice, model):
-    """Rows whose bulk no list column shows (an LLM call's messages can be megabytes) are listed
-    without it: a page of 100 read and decoded all of it."""
+def store_a_bulky_turn() -> None:
+    """A turn whose every row holds bulk: messages, an observation, raw attributes, a log body."""
     trace, started = "7" * 32, 1_763_800_000_000_000_000
     big = "context " * 5_000
     messages = json.dumps([{"role": "user", "parts": [{"type": "text", "content": big}]}])
@@ -200,6 +198,13 @@ def test_a_changelist_reads_no_messages_observations_or_raw_attributes(client, a
                        sc.SPAN_KIND: sc.SPAN_KIND_SKILL, sc.SKILL_NAME: "pdf", sc.SKILL_LEVEL: 3,
                        sc.SKILL_RESOURCES: json.dumps([big[:200]])}),
     ], logs=[LogRecord(trace, "2" * 16, started + 2, "gen_ai.user.message", {"content": big})])
+
+
+@pytest.mark.parametrize("model", list(BULK_COLUMNS), ids=lambda m: m.__name__)
+def test_a_changelist_reads_no_messages_observations_or_raw_attributes(client, alice, model):
+    """Rows whose bulk no list column shows (an LLM call's messages can be megabytes) are listed
+    without it: a page of 100 read and decoded all of it."""
+    store_a_bulky_turn()
     client.force_login(alice)
 
     with CaptureQueriesContext(connection) as queries:
@@ -208,3 +213,27 @@ def test_a_changelist_reads_no_messages_observations_or_raw_attributes(client, a
     assert response.status_code == 200 and response.context["cl"].result_count >= 1
     selects = [q["sql"] for q in queries if q["sql"].startswith("SELECT")]
     assert not [(column, sql) for sql in selects for column in bulk_columns(model) if column in sql]
+
+
+DELETED_IN_THE_ADMIN = [Round, LLMCall, ToolCall, CompressionEvent, SkillActivation]
+
+
+@pytest.mark.parametrize("model", DELETED_IN_THE_ADMIN, ids=lambda m: m.__name__)
+def test_an_admin_delete_reads_no_messages_or_observations(rf, alice, model):
+    """The admin's delete (its action and its delete page both end in `delete_queryset`) locks,
+    recounts and deletes by ids, conversations and rounds: it read every selected row whole,
+    messages and all, twice. Nothing it reads holds any row's bulk, cascaded rows' included,
+    aliased columns too. (Django's confirmation, before it, still lists what a delete cascades to
+    whole.)"""
+    store_a_bulky_turn()
+    request = rf.post("/")
+    request.user = alice
+    bulk = {f'"{name}"' for deleted in DELETED_IN_THE_ADMIN for name in BULK_COLUMNS[deleted]}
+
+    with CaptureQueriesContext(connection) as queries:
+        admin.site._registry[model].delete_queryset(request, model.objects.all())
+
+    assert not model.objects.exists()
+    selects = [q["sql"] for q in queries if q["sql"].startswith("SELECT")]
+    assert any(f'FROM "{model._meta.db_table}"' in sql for sql in selects)  # the rows it deleted were read
+    assert not [(column, sql) for sql in selects for column in bulk if column in sql]
