@@ -13,7 +13,8 @@ JSON) on PostgreSQL):
 - the conversation page, as opened (the latest turns);
 - the live fragments the page's script fetches when a turn changes (`?rounds=<id>`) and after a
   reconnect (`?timeline=1`);
-- GET /api/conversations/<id>/ with its default page of rounds.
+- GET /api/conversations/<id>/ with its default page of rounds;
+- the admin's page that confirms deleting the conversation, as a superuser sees it.
 
 The base commit (--base) is measured first in a temporary worktree (bench/trees.py), with the
 same data built by its own migrations, then this checkout; the table gives p50/p95 of each and
@@ -166,26 +167,30 @@ def measure(turns: int, llm_calls: int, tool_calls: int, others: int, repeat: in
     pk = 1
     built = time.perf_counter() - started
     latest_round = Round.objects.filter(conversation_id=pk).order_by("-started_at").values_list("pk", flat=True)[0]
-    client = Client()
+    client, operator = Client(), Client()
     client.force_login(get_user_model().objects.get_or_create(username="bench-long")[0])
+    operator.force_login(get_user_model().objects.get_or_create(
+        username="bench-operator", defaults={"is_staff": True, "is_superuser": True})[0])
     urls = {
         "conversation page": f"/conversations/{pk}/",
         "live fragments, one turn": f"/fragments/conversations/{pk}/?rounds={latest_round}",
         "live fragments, timeline": f"/fragments/conversations/{pk}/?timeline=1",
         "detail API": f"/api/conversations/{pk}/",
+        "admin delete page": f"/admin/pipeline/conversation/{pk}/delete/",
     }
     results = {}
     for name, url in urls.items():
-        first = client.get(url)  # warm caches
+        viewer = operator if url.startswith("/admin/") else client
+        first = viewer.get(url)  # warm caches
         assert first.status_code == 200, (url, first.status_code, first.content[:300])
         timings = []
         for _ in range(repeat):
             t0 = time.perf_counter()
-            response = client.get(url)
+            response = viewer.get(url)
             timings.append(time.perf_counter() - t0)
             assert response.status_code == 200, url
         with CaptureQueriesContext(connection) as captured:
-            response = client.get(url)
+            response = viewer.get(url)
         results[name] = {"url": url, "timings": timings, "queries": len(captured.captured_queries),
                          "scans": full_scans(captured.captured_queries), "bytes": len(response.content)}
     return {"built_s": built, "results": results}

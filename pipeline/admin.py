@@ -3,17 +3,21 @@
 from __future__ import annotations
 
 import logging
+from collections import defaultdict
 from collections.abc import Callable, Iterable
+from typing import Any
 
 from django.contrib import admin, messages
+from django.contrib.admin.utils import quote
 from django.contrib.admin.views.main import ChangeList
-from django.db import transaction
+from django.db import router, transaction
 from django.db.models import Model, QuerySet
-from django.db.models.deletion import Collector
+from django.db.models.deletion import Collector, ProtectedError, RestrictedError
 from django.http import FileResponse, Http404, HttpRequest, HttpResponse
 from django.urls import path, reverse
 from django.utils import timezone
 from django.utils.html import format_html
+from django.utils.text import capfirst
 
 from pipeline.artifacts.cleanup import cleanup_artifacts, delete_expired_artifacts
 from pipeline.artifacts.store import ArtifactError, open_artifact
@@ -67,6 +71,40 @@ class ListsWithoutBulk:
         return ChangeListWithoutBulk
 
 
+class CountsWhatCascades:
+    """The delete page and the delete action list the rows chosen, and count by kind the rows under
+    them that go too, where Django's admin linked every one, read whole: for a conversation of
+    2,000 turns, 8 s and 2.2 MB of page, every message read, and all of it again on confirming.
+    The rows under them are read by id (Django's delete collector), or only counted."""
+
+    def get_deleted_objects(self, objs: Iterable[Model], request: HttpRequest
+                            ) -> tuple[list[str], dict[str, int], set[str], list[str]]:
+        objs = list(objs)
+        collector = Collector(using=router.db_for_write(self.model))  # type: ignore[attr-defined]
+        try:
+            collector.collect(objs)
+        except (ProtectedError, RestrictedError):  # Django's page names what protects them (no model here does)
+            return super().get_deleted_objects(objs, request)  # type: ignore[misc]
+        # by id: the fast deletes overlap (a round's tool calls are its conversation's too)
+        ids: dict[type[Model], set[Any]] = defaultdict(set)
+        for model, rows in collector.data.items():
+            ids[model].update(row.pk for row in rows)
+        for queryset in collector.fast_deletes:  # unordered: a model's ordering would scan its index
+            ids[queryset.model].update(queryset.order_by().values_list("pk", flat=True))
+        site = self.admin_site  # type: ignore[attr-defined]
+        perms_needed = {model._meta.verbose_name for model, pks in ids.items() if pks and site.is_registered(model)
+                        and not site.get_model_admin(model).has_delete_permission(request)}
+        return ([self._linked(row) for row in objs],
+                {model._meta.verbose_name_plural: len(pks) for model, pks in ids.items() if pks}, perms_needed, [])
+
+    def _linked(self, row: Model) -> str:
+        """`row`, of this admin's model, linked to its change page as Django's list links it."""
+        opts = row._meta
+        url = reverse(f"{self.admin_site.name}:{opts.app_label}_{opts.model_name}_change",  # type: ignore[attr-defined]
+                      args=[quote(row.pk)])
+        return format_html('{}: <a href="{}">{}</a>', capfirst(opts.verbose_name), url, row)
+
+
 class DeletesStartAgainAfterDeadlock:
     """The delete page's transaction, started again when PostgreSQL ended a deadlock by aborting it."""
 
@@ -75,7 +113,7 @@ class DeletesStartAgainAfterDeadlock:
         return sql.retrying_deadlocks(lambda: view(request, object_id, extra_context))
 
 
-class FiguresFollowAdminChanges(DeletesStartAgainAfterDeadlock):
+class FiguresFollowAdminChanges(CountsWhatCascades, DeletesStartAgainAfterDeadlock):
     """Rounds, calls, compressions and skill activations edited or deleted here keep the derived
     figures right, in the change's transaction: the rollups follow (the ORM hooks for a save,
     `collect_deletion` with what cascades for a delete), so do the tool context ledger and sums,
@@ -200,7 +238,7 @@ def _tool_keys(collector: Collector) -> set[tuple[int, str]]:
     querysets = [*(q for q in collector.fast_deletes if q.model is ToolCall),
                  *(ToolCall.objects.filter(pk__in=chunk) for chunk in sql.chunked(ids))]
     return {key for queryset in querysets
-            for key in queryset.exclude(tool_call_id="").values_list("conversation_id", "tool_call_id")}
+            for key in queryset.exclude(tool_call_id="").order_by().values_list("conversation_id", "tool_call_id")}
 
 
 def _announce(sender: type, changes: IngestChanges) -> None:
@@ -323,7 +361,7 @@ class ApiKeyAdmin(admin.ModelAdmin):
 
 
 @admin.register(Conversation)
-class ConversationAdmin(DeletesStartAgainAfterDeadlock, admin.ModelAdmin):
+class ConversationAdmin(CountsWhatCascades, DeletesStartAgainAfterDeadlock, admin.ModelAdmin):
     list_display = ("__str__", "external_id", "model", "status", "round_count", "tool_call_count",
                     "input_tokens", "output_tokens", "last_activity_at")
     list_filter = ("status", "model")

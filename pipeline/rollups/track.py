@@ -280,7 +280,7 @@ def collect_deletion(objs: Iterable[Model]) -> Collector:
             ids[model].update(instance.pk for instance in instances)
     for queryset in collector.fast_deletes:
         if queryset.model in KIND_OF:
-            ids[queryset.model].update(queryset.values_list("pk", flat=True))
+            ids[queryset.model].update(queryset.order_by().values_list("pk", flat=True))  # by its index, unsorted
     for model, pks in ids.items():
         deleting(model, sorted(pks))
     return collector

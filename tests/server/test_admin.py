@@ -1,19 +1,23 @@
 from __future__ import annotations
 
 import json
+import re
 from datetime import timedelta
 
 import pytest
 from django.contrib import admin
+from django.contrib.auth.models import Permission
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
+from django.utils.text import capfirst
 
 from pipeline.ingest.records import LogRecord, SpanRecord
 from pipeline.ingest.write.store import store_spans
 from pipeline import semconv as sc
 from pipeline.models import (
-    ApiKey, Artifact, CompressionEvent, LLMCall, Round, SkillActivation, Span, SpanLog, ToolCall, ToolRequest,
+    ApiKey, Artifact, CompressionEvent, Conversation, LLMCall, Rollup, Round, SkillActivation, Span, SpanLog, ToolCall,
+    ToolRequest,
 )
 from pipeline.models.apikeys import Scope
 from tests.factories import make_artifact
@@ -223,8 +227,7 @@ def test_an_admin_delete_reads_no_messages_or_observations(rf, alice, model):
     """The admin's delete (its action and its delete page both end in `delete_queryset`) locks,
     recounts and deletes by ids, conversations and rounds: it read every selected row whole,
     messages and all, twice. Nothing it reads holds any row's bulk, cascaded rows' included,
-    aliased columns too. (Django's confirmation, before it, still lists what a delete cascades to
-    whole.)"""
+    aliased columns too."""
     store_a_bulky_turn()
     request = rf.post("/")
     request.user = alice
@@ -237,3 +240,69 @@ def test_an_admin_delete_reads_no_messages_or_observations(rf, alice, model):
     selects = [q["sql"] for q in queries if q["sql"].startswith("SELECT")]
     assert any(f'FROM "{model._meta.db_table}"' in sql for sql in selects)  # the rows it deleted were read
     assert not [(column, sql) for sql in selects for column in bulk if column in sql]
+
+
+@pytest.mark.parametrize("how", ["delete page", "delete action"])
+def test_deleting_a_conversation_counts_the_rows_under_it_without_reading_them(client, alice, how):
+    """Django's confirmation linked every row a delete cascades to, each read whole (a 2,000-turn
+    conversation: seconds and megabytes of page); it now lists the conversation and counts the
+    rest, by kind, from ids."""
+    store_a_bulky_turn()
+    conversation = Conversation.objects.get(external_id="bulky")
+    client.force_login(alice)
+    bulk = {f'"{name}"' for names in BULK_COLUMNS.values() for name in names}
+
+    with CaptureQueriesContext(connection) as queries:
+        if how == "delete page":
+            response = client.get(reverse("admin:pipeline_conversation_delete", args=[conversation.pk]))
+        else:
+            response = client.post(reverse("admin:pipeline_conversation_changelist"),
+                                   {"action": "delete_selected", "_selected_action": [conversation.pk]})
+
+    assert response.status_code == 200
+    page = response.content.decode()
+    assert reverse("admin:pipeline_conversation_change", args=[conversation.pk]) in page
+    for model in (Round, LLMCall, ToolCall, CompressionEvent, SkillActivation, Span):  # log records stay
+        assert f"<li>{capfirst(model._meta.verbose_name_plural)}: {model.objects.count()}</li>" in page
+        assert not [row for row in model.objects.all()  # counted, not linked
+                    if reverse(f"admin:pipeline_{model._meta.model_name}_change", args=[row.pk]) in page]
+    selects = [q["sql"] for q in queries if q["sql"].startswith("SELECT")]
+    assert not [(column, sql) for sql in selects for column in bulk if column in sql]
+
+
+def test_a_conversation_is_not_deleted_by_someone_who_may_not_delete_what_is_under_it(client, django_user_model):
+    store_a_bulky_turn()
+    conversation = Conversation.objects.get(external_id="bulky")
+    carol = django_user_model.objects.create_user("carol", "carol@example.com", "carol-pass-123", is_staff=True)
+    carol.user_permissions.set(Permission.objects.filter(codename__in=["view_conversation", "delete_conversation"]))
+    client.force_login(carol)
+    url = reverse("admin:pipeline_conversation_delete", args=[conversation.pk])
+
+    page = client.get(url)
+    refused = client.post(url, {"post": "yes"})
+
+    assert page.status_code == 200 and "<h1>Cannot delete conversation</h1>" in page.content.decode()
+    refused_kinds = set(re.findall(r"<li>([a-z ]+)</li>", page.content.decode()))
+    assert refused_kinds == {model._meta.verbose_name for model in (
+        Round, LLMCall, ToolCall, ToolRequest, CompressionEvent, SkillActivation, Span)}
+    assert refused.status_code == 403 and Conversation.objects.filter(pk=conversation.pk).exists()
+
+
+@pytest.mark.parametrize("model", [Conversation, *DELETED_IN_THE_ADMIN], ids=lambda m: m.__name__)
+def test_the_delete_summary_counts_what_the_delete_removes(client, rf, alice, model):
+    store_a_bulky_turn()
+    chosen = model.objects.order_by("pk").first()
+    request = rf.get("/")
+    request.user = alice
+    listed, summary, perms_needed, protected = admin.site._registry[model].get_deleted_objects([chosen], request)
+    stored = [m for m in PIPELINE_MODELS if m is not Rollup]  # figures: rows emptied go, but no delete takes them
+    before = {m: m.objects.count() for m in stored}
+    client.force_login(alice)
+
+    response = client.post(reverse(f"admin:pipeline_{model._meta.model_name}_delete", args=[chosen.pk]),
+                           {"post": "yes"})
+
+    assert response.status_code == 302 and not model.objects.filter(pk=chosen.pk).exists()
+    removed = {m._meta.verbose_name_plural: before[m] - m.objects.count() for m in stored}
+    assert summary == {name: count for name, count in removed.items() if count}
+    assert len(listed) == 1 and not perms_needed and not protected
