@@ -1,4 +1,4 @@
-"""One long conversation: its page, live fragments and detail API, before and after, in one run.
+"""One long conversation: its page, live fragments, detail API and admin delete page, before and after, in one run.
 
 A conversation of --turns turns (2,000) with --llm-calls LLM calls and --tool-calls tool calls
 (10,000 each: 20,000 calls, 5 of each per turn) is bulk-inserted (bench/live.py's bulk_insert)

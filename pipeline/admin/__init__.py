@@ -5,7 +5,6 @@ the figures derived from the rows right."""
 
 from __future__ import annotations
 
-
 from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import FileResponse, Http404, HttpRequest

@@ -42,7 +42,7 @@ class CountsWhatCascades:
     """The delete page and the delete action list the rows chosen, and count by kind the rows under
     them that go too, where Django's admin linked every one, read whole: for a conversation of
     2,000 turns, 8 s and 2.2 MB of page, every message read, and all of it again on confirming.
-    The rows under them are read by id (Django's delete collector), or only counted."""
+    The rows under them are read by id alone (Django's delete collector), never whole."""
 
     def get_deleted_objects(self, objs: Iterable[Model], request: HttpRequest
                             ) -> tuple[list[str], dict[str, int], set[str], list[str]]:

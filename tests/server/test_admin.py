@@ -226,7 +226,7 @@ DELETED_IN_THE_ADMIN = [Round, LLMCall, ToolCall, CompressionEvent, SkillActivat
 def test_an_admin_delete_reads_no_messages_or_observations(rf, alice, model):
     """The admin's delete (its action and its delete page both end in `delete_queryset`) locks,
     recounts and deletes by ids, conversations and rounds: it read every selected row whole,
-    messages and all, twice. Nothing it reads holds any row's bulk, cascaded rows' included,
+    messages and all, three times. Nothing it reads holds any row's bulk, cascaded rows' included,
     aliased columns too."""
     store_a_bulky_turn()
     request = rf.post("/")
