@@ -6,10 +6,11 @@ import hashlib
 import secrets
 
 from django.conf import settings
-from django.db import models
+from django.db import connection, models
 from django.utils import timezone
 
 KEY_PREFIX = "ctx_"
+_ACTIVE_BY_HASH = "SELECT * FROM {table} WHERE key_hash = %s AND revoked_at IS NULL"  # key_hash is unique
 
 
 class Scope(models.TextChoices):
@@ -57,7 +58,12 @@ class ApiKey(models.Model):
         """The active key matching `raw_key`, or None (unknown or revoked)."""
         if not raw_key.startswith(KEY_PREFIX):
             return None
-        return cls.objects.filter(key_hash=hash_key(raw_key), revoked_at__isnull=True).first()
+        # Every ingest request asks, a bad key's included: the statement is written out, not a
+        # queryset compiled each time (four times the CPU of the lookup itself; for requests of
+        # one span, 0.91x server CPU per span: bench/ingest.py --batch 1 --base <before>).
+        found = list(cls.objects.raw(_ACTIVE_BY_HASH.format(table=connection.ops.quote_name(cls._meta.db_table)),
+                                     [hash_key(raw_key)]))
+        return found[0] if found else None
 
     @property
     def is_active(self) -> bool:
