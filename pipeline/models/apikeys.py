@@ -60,7 +60,7 @@ class ApiKey(models.Model):
             return None
         # Every ingest request asks, a bad key's included: the statement is written out, not a
         # queryset compiled each time (four times the CPU of the lookup itself; for requests of
-        # one span, 0.91x server CPU per span: bench/ingest.py --batch 1 --base <before>).
+        # one span, 0.91x server CPU per span: bench/ingest.py --spans 3000 --batch 1 --base 201e2f8).
         found = list(cls.objects.raw(_ACTIVE_BY_HASH.format(table=connection.ops.quote_name(cls._meta.db_table)),
                                      [hash_key(raw_key)]))
         return found[0] if found else None

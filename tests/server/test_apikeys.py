@@ -26,15 +26,16 @@ def test_a_key_authenticates_until_it_is_revoked():
     assert ApiKey.authenticate(raw) is None
 
 
-def test_an_authenticated_key_is_read_whole_in_one_statement(django_assert_num_queries):
-    key, raw = ApiKey.generate("agent", Scope.ALL)
+def test_an_authenticated_key_is_read_whole_in_one_statement(django_assert_num_queries, django_user_model):
+    key, raw = ApiKey.generate("agent", Scope.ALL, created_by=django_user_model.objects.create_user("carol"))
     ApiKey.objects.filter(pk=key.pk).update(last_used_at=key.created_at)
     with django_assert_num_queries(1):
         found = ApiKey.authenticate(raw)
         loaded = {field.attname: getattr(found, field.attname) for field in ApiKey._meta.concrete_fields}
     assert loaded == {field.attname: getattr(ApiKey.objects.get(pk=key.pk), field.attname)
                       for field in ApiKey._meta.concrete_fields}
-    assert found.last_used_at == key.created_at and found.allows(Scope.READ)
+    assert found.last_used_at == key.created_at and found.created_by_id == key.created_by_id
+    assert found.allows(Scope.READ)
 
 
 def test_a_wrong_key_does_not_authenticate():
