@@ -21,6 +21,37 @@ from django.db import connection
 ROOT = Path(__file__).resolve().parent.parent
 
 
+@pytest.fixture(scope="session", autouse=True)
+def flush_started_again_after_a_deadlock() -> Iterator[None]:
+    """Emptying the tables after a test (pytest-django's flush: one TRUNCATE of them all on
+    PostgreSQL) can deadlock with a read a uvicorn the test served still runs in the background
+    (its deferred counts or finding counts, artifact cleanup), which locks those tables in another
+    order; PostgreSQL then aborts one of the two. The flush is tried again, as ingest's writers
+    are, rather than failing a test that passed."""
+    from django.core.management.base import CommandError
+    from django.core.management.commands import flush
+    from django.db import OperationalError
+
+    from pipeline.ingest.write import sql
+
+    handle = flush.Command.handle
+
+    def handle_again_after_a_deadlock(self, **options):
+        for attempt in range(5):
+            try:
+                return handle(self, **options)
+            except CommandError as error:  # what flush makes of the database's error
+                cause = error.__cause__
+                if attempt == 4 or not (isinstance(cause, OperationalError) and sql.is_deadlock(cause)):
+                    raise
+                time.sleep(0.1 * (attempt + 1))
+        raise AssertionError("unreachable: the last attempt returns or raises")
+
+    flush.Command.handle = handle_again_after_a_deadlock
+    yield
+    flush.Command.handle = handle
+
+
 @pytest.fixture(scope="session")
 def django_db_setup(django_db_setup):
     """pytest-django's test databases; the finding counts refresh and the ingest writer threads
