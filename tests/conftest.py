@@ -11,6 +11,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,9 +26,9 @@ ROOT = Path(__file__).resolve().parent.parent
 def flush_started_again_after_a_deadlock() -> Iterator[None]:
     """Emptying the tables after a test (pytest-django's flush: one TRUNCATE of them all on
     PostgreSQL) can deadlock with a read a uvicorn the test served still runs in the background
-    (its deferred counts or finding counts, artifact cleanup), which locks those tables in another
-    order; PostgreSQL then aborts one of the two. The flush is tried again, as ingest's writers
-    are, rather than failing a test that passed."""
+    (its deferred or finding counts), which locks those tables in another order; PostgreSQL then
+    aborts one of the two. The flush is tried again, as ingest's writers are, rather than failing
+    a test that passed; a warning says so, as work a test left running may be worth waiting for."""
     from django.core.management.base import CommandError
     from django.core.management.commands import flush
     from django.db import OperationalError
@@ -36,7 +37,7 @@ def flush_started_again_after_a_deadlock() -> Iterator[None]:
 
     handle = flush.Command.handle
 
-    def handle_again_after_a_deadlock(self, **options):
+    def handle_again_after_a_deadlock(self: flush.Command, **options: object) -> object:
         for attempt in range(5):
             try:
                 return handle(self, **options)
@@ -44,6 +45,8 @@ def flush_started_again_after_a_deadlock() -> Iterator[None]:
                 cause = error.__cause__
                 if attempt == 4 or not (isinstance(cause, OperationalError) and sql.is_deadlock(cause)):
                     raise
+                warnings.warn("the flush after a test deadlocked with a background read; flushing again",
+                              stacklevel=1)
                 time.sleep(0.1 * (attempt + 1))
         raise AssertionError("unreachable: the last attempt returns or raises")
 

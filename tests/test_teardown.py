@@ -19,10 +19,23 @@ pytestmark = pytest.mark.skipif(connection.vendor != "postgresql",
                                 reason="needs a PostgreSQL DATABASE_URL: SQLite's flush deletes under one write lock")
 
 
-def _deadlocks() -> int:
+def _fetch(query: str, params: list | None = None) -> object:
     with connection.cursor() as cursor:
-        cursor.execute("SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()")
+        cursor.execute(query, params)
         return cursor.fetchone()[0]
+
+
+def _deadlocks_reaching(count: int) -> int:
+    """This database's deadlock count once it reaches `count` (10 s at most): a backend hands its
+    statistics over when it is next idle, at most once a second."""
+    _fetch("SELECT pg_stat_force_next_flush()")
+    deadline = time.monotonic() + 10
+    while True:
+        _fetch("SELECT pg_stat_clear_snapshot()")
+        seen = _fetch("SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()")
+        if seen >= count or time.monotonic() > deadline:
+            return seen
+        time.sleep(0.1)
 
 
 def test_the_flush_after_a_test_is_tried_again_when_a_background_read_deadlocks_it(transactional_db):
@@ -32,7 +45,10 @@ def test_the_flush_after_a_test_is_tried_again_when_a_background_read_deadlocks_
     make_conversation("left over")
     truncate = sql_flush(no_style(), connection)[0]  # the statement the flush runs, its tables in locking order
     tables = re.findall(r'"([^"]+)"', truncate)
-    before, read_failed, holding = _deadlocks(), [], threading.Event()
+    flushing = _fetch("SELECT pg_backend_pid()")
+    before = _deadlocks_reaching(0)
+    read_failed: list[BaseException] = []
+    holding = threading.Event()
 
     def background_read() -> None:
         try:
@@ -40,25 +56,27 @@ def test_the_flush_after_a_test_is_tried_again_when_a_background_read_deadlocks_
                 cursor.execute(f'SELECT 1 FROM "{tables[-1]}" LIMIT 1')
                 holding.set()
                 deadline = time.monotonic() + 30
-                while time.monotonic() < deadline:  # until the TRUNCATE waits for this read's table
-                    cursor.execute("SELECT pg_stat_clear_snapshot()")  # else the transaction's first view, again
-                    cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-                                   "AND query LIKE 'TRUNCATE%%'")
+                while time.monotonic() < deadline:  # until the TRUNCATE waits for this very read
+                    cursor.execute("SELECT pg_backend_pid() = ANY(pg_blocking_pids(%s))", [flushing])
                     if cursor.fetchone()[0]:
                         break
                     time.sleep(0.02)
+                else:
+                    raise AssertionError("the TRUNCATE never waited for this read")
                 cursor.execute(f'SELECT 1 FROM "{tables[0]}" LIMIT 1')  # waits for the TRUNCATE: a cycle
-        except Exception as error:  # the test fails on it: the flush, not the read, was to give way
+        except BaseException as error:  # the test fails on it: the flush, not the read, was to give way
             read_failed.append(error)
         finally:
             connection.close()
 
     reader = threading.Thread(target=background_read)
     reader.start()
-    assert holding.wait(10)
-    call_command("flush", verbosity=0, interactive=False)
-    reader.join(30)
+    try:
+        assert holding.wait(10)
+        call_command("flush", verbosity=0, interactive=False)
+    finally:
+        reader.join(40)
 
     assert not reader.is_alive() and read_failed == []
-    assert _deadlocks() == before + 1  # the case this test is about happened
+    assert _deadlocks_reaching(before + 1) == before + 1  # the case this test is about happened
     assert not Conversation.objects.exists()
