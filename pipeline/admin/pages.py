@@ -3,9 +3,7 @@ more than they show, delete pages started again after a deadlock, rows kept by i
 
 from __future__ import annotations
 
-from collections import defaultdict
 from collections.abc import Iterable
-from typing import Any
 
 from django.contrib.admin.utils import quote
 from django.contrib.admin.views.main import ChangeList
@@ -18,6 +16,7 @@ from django.utils.html import format_html
 from django.utils.text import capfirst
 
 from pipeline.ingest.write import sql
+from pipeline.rollups import track as rollups
 
 
 class ChangeListWithoutBulk(ChangeList):
@@ -52,12 +51,7 @@ class CountsWhatCascades:
             collector.collect(objs)
         except (ProtectedError, RestrictedError):  # Django's page names what protects them (no model here does)
             return super().get_deleted_objects(objs, request)  # type: ignore[misc]
-        # by id: the fast deletes overlap (a round's tool calls are its conversation's too)
-        ids: dict[type[Model], set[Any]] = defaultdict(set)
-        for model, rows in collector.data.items():
-            ids[model].update(row.pk for row in rows)
-        for queryset in collector.fast_deletes:  # unordered: a model's ordering would scan its index
-            ids[queryset.model].update(queryset.order_by().values_list("pk", flat=True))
+        ids = rollups.collected_ids(collector)
         site = self.admin_site  # type: ignore[attr-defined]
         perms_needed = {model._meta.verbose_name for model, pks in ids.items() if pks and site.is_registered(model)
                         and not site.get_model_admin(model).has_delete_permission(request)}

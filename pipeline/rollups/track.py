@@ -25,7 +25,7 @@ from __future__ import annotations
 import json
 import threading
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Container, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime, timedelta
 from functools import partial
@@ -274,16 +274,24 @@ def collect_deletion(objs: Iterable[Model]) -> Collector:
     collector.collect(objs.order_by() if isinstance(objs, QuerySet) else list(objs))  # as QuerySet.delete does
     if Conversation in collector.data:
         raise ValueError("conversations are deleted with Model.delete(): their pre_delete hook keeps the rollups")
-    ids: dict[type[Model], set[int]] = defaultdict(set)
-    for model, instances in collector.data.items():
-        if model in KIND_OF:
-            ids[model].update(instance.pk for instance in instances)
-    for queryset in collector.fast_deletes:
-        if queryset.model in KIND_OF:
-            ids[queryset.model].update(queryset.order_by().values_list("pk", flat=True))  # by its index, unsorted
-    for model, pks in ids.items():
+    for model, pks in collected_ids(collector, KIND_OF).items():
         deleting(model, sorted(pks))
     return collector
+
+
+def collected_ids(collector: Collector, models: Container[type[Model]] | None = None) -> dict[type[Model], set[Any]]:
+    """The primary keys of the rows a collected delete removes, by model (those of `models` only,
+    when given: the others' fast deletes are not read): the rows it holds, and those its fast deletes
+    name, read by id, unordered (a model's ordering would scan its index). A row two fast deletes
+    name (a round's tool calls are its conversation's too) is there once."""
+    ids: dict[type[Model], set[Any]] = defaultdict(set)
+    for model, instances in collector.data.items():
+        if models is None or model in models:
+            ids[model].update(instance.pk for instance in instances)
+    for queryset in collector.fast_deletes:
+        if models is None or queryset.model in models:
+            ids[queryset.model].update(queryset.order_by().values_list("pk", flat=True))
+    return ids
 
 
 def _add_stored(model: type[Model], ids: Sequence[int], sign: int) -> None:
