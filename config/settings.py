@@ -278,8 +278,9 @@ CTXLENS_OTLP_COMPRESSION = env_str("CTXLENS_OTLP_COMPRESSION", "gzip")
 CTXLENS_OTLP_PROTOCOL = env_str("CTXLENS_OTLP_PROTOCOL", "http/protobuf")  # http/protobuf, http/json, grpc
 CTXLENS_SERVICE_NAME = env_str("CTXLENS_SERVICE_NAME", "ctxlens-agent")
 CTXLENS_ENVIRONMENT = env_str("CTXLENS_ENVIRONMENT", "development")
-# Live views: a websocket gets at most one update per CTXLENS_LIVE_INTERVAL_MS (so that a change
-# reaches the page within about that), and a page re-fetches what changed at most once per
+# Live views: a websocket gets at most one update per CTXLENS_LIVE_INTERVAL_MS sustained, a few
+# back to back after a quiet spell (dashboard/hub.py), so a change reaches the page at once or
+# within about that; and a page re-fetches what changed at most once per
 # CTXLENS_LIVE_REFRESH_MS (the first change after a quiet spell at once).
 CTXLENS_LIVE_INTERVAL_MS = env_int("CTXLENS_LIVE_INTERVAL_MS", 25)
 CTXLENS_LIVE_REFRESH_MS = env_int("CTXLENS_LIVE_REFRESH_MS", 250)

@@ -2,8 +2,8 @@
 
 Thin by design: authenticate through the session, join one group through the process's hub
 (dashboard/hub.py), which merges the `live.changes` events that dashboard/live.py sends and
-hands every socket of the group the same encoded frame at most once per
-`CTXLENS_LIVE_INTERVAL_MS` however fast ingest commits. Pages fetch what
+hands every socket of the group the same encoded frame, at most one per
+`CTXLENS_LIVE_INTERVAL_MS` sustained however fast ingest commits. Pages fetch what
 changed over HTTP (the same partials they render on first load), at most once per
 `CTXLENS_LIVE_REFRESH_MS` (sent in "hello"; static/js/live.js paces them).
 

@@ -3,8 +3,8 @@
 The receiver sends to the `live` group (overview and lists) and to the group of every
 conversation the ingest touched. It does no database work: it runs right after the ingest
 commit. Browsers are not flooded: each process reads each group once, merges what arrives
-and hands its sockets of that group one message per `CTXLENS_LIVE_INTERVAL_MS` at most
-(dashboard/hub.py).
+and hands its sockets of that group at most one message per `CTXLENS_LIVE_INTERVAL_MS`
+sustained (dashboard/hub.py).
 
 Ingest commits on threads that run no event loop (the ingest writer thread, the deferred
 token work, the gRPC server), and the in-memory channel layer is not thread-safe: the send

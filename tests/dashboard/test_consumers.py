@@ -144,10 +144,11 @@ async def test_a_burst_of_ingest_is_coalesced_into_a_few_messages(session_cookie
         ingest_committed.send(sender=None, changes=changes(n, tool_calls=1))
     timed = await drain_timed(communicator, 1.0)
     messages = [message for _, message in timed]
-    # One message at once, then at most one per interval while the commits are being delivered
-    # (a busy machine stretches that delivery, never the rule).
+    # At most FRAME_BURST messages at once, then one per interval while the commits are being
+    # delivered (a busy machine stretches that delivery, never the rule).
     interval = settings.CTXLENS_LIVE_INTERVAL_MS / 1000
-    assert 1 <= len(messages) <= 2 + (timed[-1][0] - started) / interval, [at - started for at, _ in timed]
+    assert 1 <= len(messages) <= live_hub.FRAME_BURST + 1 + (timed[-1][0] - started) / interval, \
+        [at - started for at, _ in timed]
     assert sorted(i for m in messages for i in m["conversation_ids"]) == list(range(1, 91))
     assert sum(m["tool_calls"] for m in messages) == 90
     await communicator.disconnect()
@@ -157,8 +158,9 @@ async def test_merged_messages_cap_their_id_lists_and_say_so(session_cookie, set
     settings.CTXLENS_LIVE_INTERVAL_MS = 1000  # the three sends below arrive within it, even on a slow Redis
     communicator = await connect("/ws/live/", session_cookie)
     await communicator.receive_json_from()
-    await sync_to_async(ingest_committed.send)(sender=None, changes=changes(1))  # sent at once
-    await communicator.receive_json_from(timeout=2)
+    for n in range(live_hub.FRAME_BURST):  # sent at once: the group's frame budget is spent
+        await sync_to_async(ingest_committed.send)(sender=None, changes=changes(n))
+        await communicator.receive_json_from(timeout=2)
     for first in (1000, 2000, 3000):  # pending while the interval runs: merged into one message
         big = changes(0)
         big["conversation_ids"] = list(range(first, first + 100))
@@ -166,6 +168,43 @@ async def test_merged_messages_cap_their_id_lists_and_say_so(session_cookie, set
     (message,) = await drain(communicator, 2.5)
     assert message["overflow"] is True and message["conversation_ids"] == [*range(1000, 1100), *range(2000, 2100)]
     assert message["spans"] == 3
+    await communicator.disconnect()
+
+
+def test_the_frame_budget_lets_a_few_frames_go_at_once_then_one_per_interval():
+    budget = live_hub.FrameBudget(interval=1.0, burst=4)
+    for _ in range(4):  # after a quiet spell: back to back
+        assert budget.wait(100.0) == 0
+        budget.spend(100.0)
+    assert budget.wait(100.0) == 1.0
+    for now in (101.0, 102.0, 103.0):  # sustained: one per interval, never a second burst
+        assert budget.wait(now) == 0
+        budget.spend(now)
+        assert budget.wait(now) == 1.0
+    assert budget.wait(103.5) == 0.5
+    assert budget.wait(105.0) == 0  # two intervals quiet: two frames at once, then a wait
+    budget.spend(105.0)
+    budget.spend(105.0)
+    assert budget.wait(105.0) == 1.0
+    assert budget.wait(120.0) == 0  # a long quiet spell refills the burst, no more
+    for _ in range(4):
+        budget.spend(120.0)
+    assert budget.wait(120.0) == 1.0
+
+
+async def test_after_a_quiet_spell_a_few_changes_go_at_once_then_one_per_interval(session_cookie, settings):
+    """The hub sends by its FrameBudget: a commit just after a frame is not held for an interval
+    while the group is far from that rate; past FRAME_BURST frames back to back, it is."""
+    settings.CTXLENS_LIVE_INTERVAL_MS = 2000
+    communicator = await connect("/ws/live/", session_cookie)
+    await communicator.receive_json_from()
+    for n in range(1, live_hub.FRAME_BURST + 1):  # each delivered long before one interval
+        await sync_to_async(ingest_committed.send)(sender=None, changes=changes(n))
+        assert (await communicator.receive_json_from(timeout=1))["conversation_ids"] == [n]
+    for n in (98, 99):  # the budget is spent: each waits for an interval
+        await sync_to_async(ingest_committed.send)(sender=None, changes=changes(n))
+        assert await communicator.receive_nothing(timeout=0.5)
+        assert (await communicator.receive_json_from(timeout=4))["conversation_ids"] == [n]
     await communicator.disconnect()
 
 
