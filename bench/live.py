@@ -6,9 +6,9 @@
    SDK's OTLP encoder and POSTed to /v1/traces; the clock runs from just before the POST to the
    arrival, in each client, of the first message naming the new conversation. Posts are spaced
    0.40-0.65 s apart, at random: wider than CTXLENS_LIVE_INTERVAL_MS, and under --load at a
-   random phase of the frames the load causes, so the wait for the group's next frame (one
-   frame per group and interval, dashboard/hub.py) is in the figure as a user would see it.
-   Run with CTXLENS_LIVE_INTERVAL_MS=250 to see the previous default's figure.
+   random phase of the frames the load causes, so any wait for the group's next frame (at most
+   one frame per group and interval sustained, a few back to back, dashboard/hub.py) is in the
+   figure as a user would see it. --base <commit> measures that commit's figure in the same run.
    With --load N, the team's standard load (../shared/bench/otlp_load.py) is ingested at N
    spans/s meanwhile, and the rate the server actually accepted is printed.
 2. Server time of the overview and of a conversation page with 1,000,000 stored spans (plus
@@ -24,14 +24,17 @@ bench creates on that server and drops after (bench/bench_db.py):
     .venv/bin/python bench/live.py                     # both parts
     .venv/bin/python bench/live.py --part latency --samples 40 --clients 1,50
     .venv/bin/python bench/live.py --part latency --clients 200 --load 1000   # under ingest load
+    .venv/bin/python bench/live.py --part latency --clients 200 --load 1000 --base <commit> [--rounds 2]
     .venv/bin/python bench/live.py --part pages --spans 1000000
     .venv/bin/python bench/live.py --part pages --spans 1000000 --base <commit>   # before and after
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/postgres .venv/bin/python bench/live.py --part pages --spans 1000000
 
 The rows are bulk-inserted, so their rollups (pipeline.rollups) are built after with
 rebuild_rollups, as ingest would have kept them. With --base, that commit's tree (a temporary
-git worktree) measures the pages on the same database first, then this checkout does (SQLite
-only: the base commit's bench builds its own SQLite database).
+git worktree) measures the pages on the same database first, then this checkout does; and the
+latency in alternating rounds (base, this, base, this, …; --rounds), each side on a server of its
+own, then the ratio this/base of the sides' median p50 and p95 (SQLite only: the base commit's
+bench builds its own SQLite database).
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ import itertools
 import json
 import os
 import random
+import re
 import shlex
 import socket
 import statistics
@@ -59,6 +63,9 @@ from bench.bench_db import (  # noqa: E402  (bench/long_conversation.py imports 
     analyze, bench_database, bulk_insert, engine_name, fast_writes, full_scans, reproduce_prefix, reset_sequences,
 )
 from bench.trees import checkout, short  # noqa: E402
+
+# A latency line's client count, p50 and p95 (`latency_line`), as --base reads them from each side.
+LATENCY_FIGURES = re.compile(r"(\d+) client\(s\): p50\s+([\d.]+) ms\s+p95\s+([\d.]+) ms")
 
 
 def setup_django(data_dir: Path, database_url: str) -> dict[str, str]:
@@ -445,7 +452,9 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=20, help="renders of each page")
     parser.add_argument("--keep", metavar="DIR", help="keep (and reuse) the database in DIR instead of a temp dir")
     parser.add_argument("--verbose", action="store_true", help="print each page's slowest query")
-    parser.add_argument("--base", help="pages part: measure this commit's tree first, on the same database")
+    parser.add_argument("--base", metavar="COMMIT", help="also measure COMMIT's tree: the pages first, on the same "
+                                                         "database; the latency in alternating rounds")
+    parser.add_argument("--rounds", type=int, default=2, help="with --base: latency rounds of each side")
     args = parser.parse_args()
     if args.base and engine_name() != "SQLite":
         parser.error("--base measures on SQLite only: the base commit's bench/live.py builds its own SQLite database")
@@ -459,15 +468,55 @@ def main() -> None:
             run(args, Path(args.keep or tmp), database_url)
 
 
+def latency_line(samples: list[float], clients: int, load: int) -> str:
+    under = f" under {load:,} spans/s" if load else ""
+    return (f"OTLP POST -> websocket message{under}, {clients:>2} client(s): p50 {percentile(samples, .5) * 1000:6.1f} ms"
+            f"  p95 {percentile(samples, .95) * 1000:6.1f} ms  (mean {statistics.mean(samples) * 1000:.1f} ms,"
+            f" {len(samples)} deliveries)")
+
+
+def compare_latency(args: argparse.Namespace) -> None:
+    """The latency of the base commit's tree and of this checkout, each run as this bench's latency
+    part in a process of its own (its own server and database), in alternating rounds and order
+    (base, this, this, base, …: one slow spell of a shared machine lands on both sides), then the
+    ratios of the sides' median figures."""
+    from bench.ingest import LOAD_SCRIPT
+
+    command = [sys.executable, "bench/live.py", "--part", "latency", "--clients", args.clients,
+               "--samples", str(args.samples), "--load", str(args.load)]
+    figures: dict[tuple[str, int], list[tuple[float, float]]] = {}
+    with checkout(args.base) as base:
+        trees = {f"base {short(args.base)}": base, "this checkout": ROOT}
+        for round_ in range(args.rounds):
+            for side in (list(trees) if round_ % 2 == 0 else list(trees)[::-1]):
+                print(f"## round {round_ + 1}: {side}", flush=True)
+                done = subprocess.run(command, cwd=trees[side], env={**os.environ, "CTXLENS_OTLP_LOAD": str(LOAD_SCRIPT)},
+                                      check=True, stdout=subprocess.PIPE, text=True)
+                for line in done.stdout.splitlines():
+                    if not line.startswith("#"):  # its command and machine are this run's
+                        print(line, flush=True)
+                    if found := LATENCY_FIGURES.search(line):
+                        figures.setdefault((side, int(found[1])), []).append((float(found[2]), float(found[3])))
+    (before, after) = trees
+    for clients in (int(c) for c in args.clients.split(",")):
+        if not figures.get((before, clients)) or not figures.get((after, clients)):
+            print(f"{clients} client(s): no figure from one of the sides", file=sys.stderr)
+            continue
+        (base_p50, base_p95), (p50, p95) = (
+            [statistics.median(figure) for figure in zip(*figures[side, clients])] for side in (before, after))
+        print(f"{clients} client(s), medians of {args.rounds} rounds each: {before} p50 {base_p50:.1f} ms p95 "
+              f"{base_p95:.1f} ms; {after} p50 {p50:.1f} ms p95 {p95:.1f} ms; this/base p50 {p50 / base_p50:.2f}x "
+              f"p95 {p95 / base_p95:.2f}x")
+
+
 def run(args: argparse.Namespace, tmp: Path, database_url: str) -> None:
     env = setup_django(tmp, database_url)
     if args.part in ("latency", "all"):
-        for clients in (int(c) for c in args.clients.split(",")):
-            samples = measure_latency(env, clients, args.samples, args.load)
-            under = f" under {args.load:,} spans/s" if args.load else ""
-            print(f"OTLP POST -> websocket message{under}, {clients:>2} client(s): p50 {percentile(samples, .5) * 1000:6.1f} ms"
-                  f"  p95 {percentile(samples, .95) * 1000:6.1f} ms  (mean {statistics.mean(samples) * 1000:.1f} ms,"
-                  f" {len(samples)} deliveries)")
+        if args.base:
+            compare_latency(args)
+        else:
+            for clients in (int(c) for c in args.clients.split(",")):
+                print(latency_line(measure_latency(env, clients, args.samples, args.load), clients, args.load))
     if args.part in ("pages", "all"):
         if args.base:
             print(ensure_populated(args.spans)[1])
