@@ -32,7 +32,7 @@ bench creates on that server and drops after (bench/bench_db.py):
 The rows are bulk-inserted, so their rollups (pipeline.rollups) are built after with
 rebuild_rollups, as ingest would have kept them. With --base, that commit's tree (a temporary
 git worktree) measures the pages on the same database first, then this checkout does; and the
-latency in alternating rounds (base, this, base, this, …; --rounds), each side on a server of its
+latency in alternating rounds (base, this, this, base, …; --rounds), each side on a server of its
 own, then the ratio this/base of the sides' median p50 and p95 (the pages on SQLite only: the
 base commit's bench builds its own SQLite database; the latency on either engine, each side on a
 database of its own).

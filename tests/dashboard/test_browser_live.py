@@ -105,7 +105,7 @@ def test_a_burst_of_ingest_reaches_the_page_as_a_few_messages_that_miss_nothing(
 
 def test_a_stream_of_changes_is_fetched_by_the_page_at_its_own_pace_and_in_full(uvicorn_factory, artifact_dir,
                                                                                  page, alice):
-    # Messages come at most every 25 ms (the default); the page fetches at most every 400 ms.
+    # Messages come at most every 25 ms sustained (the default), a few back to back; the page fetches at most every 400 ms.
     server, hello = recorded_overview(uvicorn_factory, artifact_dir, page, {"CTXLENS_LIVE_REFRESH_MS": "400"})
     assert hello["interval_ms"] == settings.CTXLENS_LIVE_INTERVAL_MS and hello["refresh_ms"] == 400
     wait_until_true(page, "window.__fetches.length >= 1", timeout_ms=5000)  # the catch-up on connect

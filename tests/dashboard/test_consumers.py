@@ -171,27 +171,6 @@ async def test_merged_messages_cap_their_id_lists_and_say_so(session_cookie, set
     await communicator.disconnect()
 
 
-def test_the_frame_budget_lets_a_few_frames_go_at_once_then_one_per_interval():
-    budget = live_hub.FrameBudget(interval=1.0, burst=4)
-    for _ in range(4):  # after a quiet spell: back to back
-        assert budget.wait(100.0) == 0
-        budget.spend(100.0)
-    assert budget.wait(100.0) == 1.0
-    for now in (101.0, 102.0, 103.0):  # sustained: one per interval, never a second burst
-        assert budget.wait(now) == 0
-        budget.spend(now)
-        assert budget.wait(now) == 1.0
-    assert budget.wait(103.5) == 0.5
-    assert budget.wait(105.0) == 0  # two intervals quiet: two frames at once, then a wait
-    budget.spend(105.0)
-    budget.spend(105.0)
-    assert budget.wait(105.0) == 1.0
-    assert budget.wait(120.0) == 0  # a long quiet spell refills the burst, no more
-    for _ in range(4):
-        budget.spend(120.0)
-    assert budget.wait(120.0) == 1.0
-
-
 async def test_after_a_quiet_spell_a_few_changes_go_at_once_then_one_per_interval(session_cookie, settings):
     """The hub sends by its FrameBudget: a commit just after a frame is not held for an interval
     while the group is far from that rate; past FRAME_BURST frames back to back, it is."""
