@@ -43,7 +43,6 @@ from pipeline.ingest.write.store import (
     span_keys,
     store_prepared,
     store_prepared_together,
-    store_spans,
 )
 from pipeline.ingest.write.writer_threads import JoinableWork, outcome_of
 from pipeline.models import ApiKey

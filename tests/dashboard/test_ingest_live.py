@@ -10,7 +10,6 @@ fails the test every time rather than now and then.
 from __future__ import annotations
 
 import asyncio
-import json
 
 import pytest
 from asgiref.sync import sync_to_async

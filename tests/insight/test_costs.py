@@ -3,7 +3,6 @@ them, compared with genai-prices' own calculation and read back through the API.
 
 from __future__ import annotations
 
-import json
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
