@@ -7,9 +7,12 @@ stored batch by batch on a throw-away SQLite database in this process, with no s
 background threads: after every `--every` requests the deferred counts and the finding counts are
 completed on this thread (the server runs them at most once a second), so each phase's CPU is
 its own (time.thread_time). With --base, that commit's tree (a temporary git worktree) runs the
-same load first, in a process of its own, and the ratios this/base follow.
+same load first, in a process of its own, and the ratios this/base follow. On a shared machine
+the same code's CPU per span varied by up to a third from one run to the next here, so compare
+with --rounds N: the two sides alternate (base, this, this, base, …), and each phase's median
+over the rounds is reported, with every round's total.
 
-    .venv/bin/python bench/ingest_phases.py [--spans 10000] [--every 5] [--batch 100] [--base <commit>]
+    .venv/bin/python bench/ingest_phases.py [--spans 10000] [--every 5] [--batch 100] [--base <commit> [--rounds 3]]
 
 --batch sets the spans per request, and so per transaction: `--batch 400` against `--batch 100`
 is what the ingest writer's group commit gains when it joins four queued requests.
@@ -20,11 +23,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Callable
+from contextlib import nullcontext
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -87,34 +92,54 @@ def measure(tree: Path, args: argparse.Namespace) -> dict[str, float]:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def alternating(sides: list[str], rounds: int) -> list[str]:
+    """The order of the runs: ABBA for two sides (a slow spell of the machine lands on both), else each in turn."""
+    order: list[str] = []
+    for n in range(rounds):
+        order += sides if n % 2 == 0 else sides[::-1]
+    return order
+
+
+def median_phases(measured: list[dict[str, float]]) -> dict[str, float]:
+    return {phase: statistics.median(run[phase] for run in measured) for phase in PHASES}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--spans", type=int, default=10000)
     parser.add_argument("--every", type=int, default=5, help="requests between background runs")
     parser.add_argument("--batch", type=int, default=100, help="spans per request (per transaction)")
     parser.add_argument("--base", help="a commit to measure first, in the same run")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="runs of each side, alternating (ABBA with --base); each phase's median is reported")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         print(json.dumps(run_here(args.spans, args.every, args.batch)))
         return 0
-    runs: dict[str, dict[str, float]] = {}
-    if args.base:
-        with checkout(args.base) as base:
-            runs[f"base {short(args.base)}"] = measure(base, args)
-    runs["this checkout"] = measure(ROOT, args)
+    sides = [f"base {short(args.base)}", "this checkout"] if args.base else ["this checkout"]
+    rounds: dict[str, list[dict[str, float]]] = {side: [] for side in sides}
+    with checkout(args.base) if args.base else nullcontext(None) as base:
+        trees = {sides[0]: base, sides[-1]: ROOT} if args.base else {sides[0]: ROOT}
+        for side in alternating(sides, args.rounds):
+            rounds[side].append(measure(trees[side], args))
+    runs = {side: median_phases(measured) for side, measured in rounds.items()}
+    many = f", median of {args.rounds} alternating rounds each" if args.rounds > 1 else ""
     print(f"CPU per span (µs), {args.spans} spans of the standard load in requests of {args.batch}, SQLite, "
-          f"background work every {args.every} requests")
+          f"background work every {args.every} requests{many}")
     print(f"{'':16}" + "".join(f"{phase:>10}" for phase in PHASES) + f"{'total':>10}")
     for name, phases in runs.items():
         print(f"{name:16}" + "".join(f"{phases[p]:10.1f}" for p in PHASES) + f"{sum(phases.values()):10.1f}")
     if args.base:
-        base, this = runs[f"base {short(args.base)}"], runs["this checkout"]
+        base, this = runs[sides[0]], runs[sides[1]]
         print(f"{'this / base':16}" + "".join(f"{this[p] / base[p]:9.2f}x" for p in PHASES)
               + f"{sum(this.values()) / sum(base.values()):9.2f}x")
+    if args.rounds > 1:
+        for side, measured in rounds.items():
+            print(f"{side:16}total by round: " + ", ".join(f"{sum(r.values()):.1f}" for r in measured))
     print(f"reproduce       .venv/bin/python bench/ingest_phases.py --spans {args.spans} --every {args.every} "
           f"--batch {args.batch}"
-          + (f" --base {args.base}" if args.base else ""))
+          + (f" --base {args.base}" if args.base else "") + (f" --rounds {args.rounds}" if args.rounds > 1 else ""))
     return 0
 
 
