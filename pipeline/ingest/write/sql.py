@@ -3,7 +3,8 @@
 Measured on an ingest batch of 100 spans, the ORM's per-query Python (0.3–0.5 ms a query),
 bulk_create's value preparation and bulk_update's CASE WHEN expressions cost more than the
 database work itself. This module sends hand-written statements instead: one parameterised
-INSERT or UPDATE run with executemany, and SELECTs whose rows become model instances through
+INSERT or UPDATE run with executemany (on PostgreSQL with the values bound on the server:
+`executemany`), and SELECTs whose rows become model instances through
 `Model.from_db`. Values are prepared as the fields would prepare them (JSON through the
 backend's JSON adapter, datetimes through its datetime adapter), so everything reads back
 through the ORM exactly as if the ORM had written it.
@@ -125,6 +126,37 @@ def cursor() -> AbstractContextManager:
     """The block's shared cursor (`shared_cursor`), else a cursor of its own."""
     shared = getattr(_shared, "cursor", None)
     return nullcontext(shared) if shared is not None else connection.cursor()
+
+
+def executemany(query: str, rows: Sequence[Sequence[Any]]) -> None:
+    """One statement run for each of `rows`. On PostgreSQL the rows' values are bound on the server
+    (`_server_binding_cursor`): the INSERTs and UPDATEs of ingest carry kilobytes of trace text a
+    row, which Django's default cursor would escape into the statement's text, for PostgreSQL to
+    scan again as literals, row after row (what that saves: README, Deployment). A row's handful
+    of values stays far below the 65,535 parameters a server-bound statement may carry, which a
+    long IN list elsewhere could pass: those keep Django's cursor."""
+    if connection.vendor != "postgresql":
+        with cursor() as c:
+            c.executemany(query, rows)
+        return
+    with _server_binding_cursor() as c:
+        c.executemany(query, rows)
+
+
+def _server_binding_cursor() -> AbstractContextManager:
+    """A cursor of this thread's PostgreSQL connection that sends the parameters apart from the
+    statement (Django's ServerBindingCursor, what its `server_side_binding` option makes every
+    cursor; its default, a ClientCursor, writes them into the text), set up and wrapped as
+    `connection.cursor()` does: the health check, database errors translated, statements logged
+    when queries are (assertNumQueries, DEBUG)."""
+    from django.db.backends.postgresql.base import ServerBindingCursor  # needs psycopg: PostgreSQL only
+
+    connection.close_if_health_check_failed()
+    connection.ensure_connection()
+    connection.validate_thread_sharing()
+    with connection.wrap_database_errors:
+        raw = ServerBindingCursor(connection.connection)
+    return connection.make_debug_cursor(raw) if connection.queries_logged else connection.make_cursor(raw)
 
 
 def fetch(query: str, params: Sequence[Any] = ()) -> list[tuple]:
@@ -249,9 +281,7 @@ def insert_values(
     `ignore_conflicts`: a row a unique constraint refuses is skipped (a concurrent writer's won)."""
     if rows:
         skip = " ON CONFLICT DO NOTHING" if ignore_conflicts else ""
-        query = f"INSERT INTO {table(model)} ({columns(names)}) VALUES ({marks(names)}){skip}"
-        with cursor() as c:
-            c.executemany(query, rows)
+        executemany(f"INSERT INTO {table(model)} ({columns(names)}) VALUES ({marks(names)}){skip}", rows)
 
 
 def insert_rows(model: type[Model], rows: Sequence[Model], *, ignore_conflicts: bool = False) -> None:
@@ -320,8 +350,8 @@ def update_rows(model: type[Model], rows: Iterable[Model], names: Sequence[str])
         + [row.pk]
         for row in rows
     ]
-    with rollups.updating(model, rows, names), cursor() as c:
-        c.executemany(query, params)
+    with rollups.updating(model, rows, names):
+        executemany(query, params)
     return len(rows)
 
 
