@@ -12,7 +12,7 @@ the same code's CPU per span varied by up to a third from one run to the next he
 with --rounds N: the two sides alternate (base, this, this, base, …), and each phase's median
 over the rounds is reported, with every round's total.
 
-    .venv/bin/python bench/ingest_phases.py [--spans 10000] [--every 5] [--batch 100] [--base <commit> [--rounds 3]]
+    .venv/bin/python bench/ingest_phases.py [--spans 10000] [--every 5] [--batch 100] [--base <commit>] [--rounds 2]
 
 --batch sets the spans per request, and so per transaction: `--batch 400` against `--batch 100`
 is what the ingest writer's group commit gains when it joins four queued requests.
@@ -117,26 +117,29 @@ def main() -> int:
     if args.child:
         print(json.dumps(run_here(args.spans, args.every, args.batch)))
         return 0
-    sides = [f"base {short(args.base)}", "this checkout"] if args.base else ["this checkout"]
-    rounds: dict[str, list[dict[str, float]]] = {side: [] for side in sides}
-    with checkout(args.base) if args.base else nullcontext(None) as base:
-        trees = {sides[0]: base, sides[-1]: ROOT} if args.base else {sides[0]: ROOT}
+    if args.rounds < 1:
+        parser.error("--rounds must be 1 or more")
+    base_side = f"base {short(args.base)}" if args.base else None
+    sides = [base_side, "this checkout"] if base_side else ["this checkout"]
+    measured: dict[str, list[dict[str, float]]] = {side: [] for side in sides}
+    with checkout(args.base) if args.base else nullcontext() as base_tree:
+        trees = {"this checkout": ROOT, **({base_side: base_tree} if base_side else {})}
         for side in alternating(sides, args.rounds):
-            rounds[side].append(measure(trees[side], args))
-    runs = {side: median_phases(measured) for side, measured in rounds.items()}
-    many = f", median of {args.rounds} alternating rounds each" if args.rounds > 1 else ""
+            measured[side].append(measure(trees[side], args))
+    runs = {side: median_phases(rounds) for side, rounds in measured.items()}
+    many = f", each phase the median of {args.rounds} alternating rounds (total: their sum)" if args.rounds > 1 else ""
     print(f"CPU per span (µs), {args.spans} spans of the standard load in requests of {args.batch}, SQLite, "
           f"background work every {args.every} requests{many}")
     print(f"{'':16}" + "".join(f"{phase:>10}" for phase in PHASES) + f"{'total':>10}")
     for name, phases in runs.items():
         print(f"{name:16}" + "".join(f"{phases[p]:10.1f}" for p in PHASES) + f"{sum(phases.values()):10.1f}")
-    if args.base:
-        base, this = runs[sides[0]], runs[sides[1]]
-        print(f"{'this / base':16}" + "".join(f"{this[p] / base[p]:9.2f}x" for p in PHASES)
-              + f"{sum(this.values()) / sum(base.values()):9.2f}x")
+    if base_side:
+        before, after = runs[base_side], runs["this checkout"]
+        print(f"{'this / base':16}" + "".join(f"{after[p] / before[p]:9.2f}x" for p in PHASES)
+              + f"{sum(after.values()) / sum(before.values()):9.2f}x")
     if args.rounds > 1:
-        for side, measured in rounds.items():
-            print(f"{side:16}total by round: " + ", ".join(f"{sum(r.values()):.1f}" for r in measured))
+        for side, rounds in measured.items():
+            print(f"{side:16}total by round: " + ", ".join(f"{sum(r.values()):.1f}" for r in rounds))
     print(f"reproduce       .venv/bin/python bench/ingest_phases.py --spans {args.spans} --every {args.every} "
           f"--batch {args.batch}"
           + (f" --base {args.base}" if args.base else "") + (f" --rounds {args.rounds}" if args.rounds > 1 else ""))

@@ -110,7 +110,8 @@ def shared_cursor() -> Iterator[None]:
     """The statements this module sends inside the block share one cursor of this thread's
     connection: opening a Django cursor costs more than running a short statement (measured
     ~12 µs of ~21 for `SELECT 1`), and an ingest transaction runs dozens of them. Every
-    statement's rows are read in full before the next is sent, so sharing is safe."""
+    statement's rows are read in full before the next is sent, so sharing is safe. (On
+    PostgreSQL, `executemany` opens a cursor of its own, a few per transaction.)"""
     if getattr(_shared, "cursor", None) is not None:
         yield
         return
@@ -148,7 +149,8 @@ def _server_binding_cursor() -> AbstractContextManager:
     statement (Django's ServerBindingCursor, what its `server_side_binding` option makes every
     cursor; its default, a ClientCursor, writes them into the text), set up and wrapped as
     `connection.cursor()` does: the health check, database errors translated, statements logged
-    when queries are (assertNumQueries, DEBUG)."""
+    when queries are (assertNumQueries, DEBUG). Not its time-zone loader for the rows read: these
+    statements read none."""
     from django.db.backends.postgresql.base import ServerBindingCursor  # needs psycopg: PostgreSQL only
 
     connection.close_if_health_check_failed()
