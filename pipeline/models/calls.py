@@ -116,6 +116,8 @@ class ToolCall(SpanRecordMixin):
     tokens_pending = models.BooleanField(default=False)  # observation_tokens still to count
     tokens_estimated = models.BooleanField(default=False)  # observation_tokens estimated past the exact cap
     tokens_approximate = models.BooleanField(default=False)  # counted with an approximating tokenizer: "≈"
+    # observation_tokens as the span reported them: kept whichever LLM call the tool is linked to
+    tokens_reported = models.BooleanField(default=False)
     # What the observation cost the context: its tokens summed over the later LLM calls whose
     # input carried it, how many did, and those tokens priced per call (None: no call priced).
     # Kept at ingest from pipeline.models.carries (pipeline.ingest.write.tool_context).

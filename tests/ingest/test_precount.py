@@ -7,9 +7,10 @@ from __future__ import annotations
 import json
 
 import pytest
+from django.db import transaction
 
 from pipeline.ingest.records import LogRecord, SpanRecord
-from pipeline.ingest.write import deferred
+from pipeline.ingest.write import deferred, tool_levels
 from pipeline.ingest.write.precount import (
     MAX_PRECOUNT_CHARS,
     RecentCalls,
@@ -19,8 +20,10 @@ from pipeline.ingest.write.precount import (
     rounds_of,
 )
 from pipeline.ingest.write.store import prepare_spans, store_spans
+from pipeline.insight.levels import result_data, tokens_at_levels
 from pipeline.models import LLMCall, Span, ToolCall, ToolRequest
 from pipeline.tokens.counting import MAX_EXACT_CHARS
+from tests.otlp_support import wait_for_deferred_tokens
 
 pytestmark = pytest.mark.django_db
 
@@ -301,3 +304,225 @@ def test_the_stored_calls_linking_reads_carry_their_model():
     assert len(read) == 4
     assert all("model" not in call.get_deferred_fields() for call in read)
     assert sorted(call.model for call in read) == ["claude-3-5-sonnet-20241022"] * 2 + ["gpt-4o"] * 2
+
+
+@pytest.mark.parametrize("first_owner", ["gpt-4o", None], ids=["linked to a gpt-4o call", "linked to no call"])
+def test_a_counted_tool_relinked_to_a_call_of_another_encoding_is_counted_again_for_it(first_owner):
+    """The tool arrives, and is counted, before the claude call that asked for its call id: for
+    the round's gpt-4o call it was linked to, or for no model at all. When the asker arrives,
+    linking gives the tool to it, and its count follows: the deferred run counts for claude."""
+    trace, observation, claude = "7" * 32, OBSERVATIONS["short"], "claude-3-5-sonnet-20241022"
+    first = [_chat(trace, "00000000000000c2", 3, first_owner)] if first_owner else []
+    store_spans([*first, _tool(trace, "00000000000000d1", 5, observation, "call_z")])
+    deferred.complete_pending()
+    tool = ToolCall.objects.get()
+    assert not tool.tokens_pending
+    first_count = count_observation(observation, first_owner)
+    assert _counts(tool) == first_count != count_observation(observation, claude)
+    store_spans([_chat(trace, "00000000000000c1", 1, claude, requested=["call_z"])])
+    tool.refresh_from_db()
+    assert tool.llm_call.span_id == "00000000000000c1"
+    deferred.complete_pending()
+    tool.refresh_from_db()
+    assert not tool.tokens_pending
+    assert _counts(tool) == count_observation(observation, claude)
+
+
+def test_a_tool_relinked_to_a_call_of_the_same_encoding_keeps_its_count():
+    """gpt-4o and gpt-4o-mini count alike: relinking the tool from one to the other leaves its
+    count as it is, with nothing left for the deferred run."""
+    trace, observation = "8" * 32, OBSERVATIONS["short"]
+    store_spans([_chat(trace, "00000000000000c2", 3, "gpt-4o"),
+                 _tool(trace, "00000000000000d1", 5, observation, "call_m")])
+    before = ToolCall.objects.get()
+    assert not before.tokens_pending
+    assert counting_key("gpt-4o-mini") == counting_key("gpt-4o")
+    store_spans([_chat(trace, "00000000000000c1", 1, "gpt-4o-mini", requested=["call_m"])])
+    after = ToolCall.objects.get()
+    assert after.llm_call.span_id == "00000000000000c1"
+    assert not after.tokens_pending
+    assert _counts(after) == _counts(before)
+
+
+def test_a_count_the_span_reported_is_kept_when_the_tool_is_relinked():
+    """The span said how many tokens its observation has (ctxlens's runtime counts the full result,
+    the stored observation may be cut): given to a call of another encoding later, the tool keeps
+    that figure, and nothing is left for the deferred run."""
+    trace, claude = "3" * 32, "claude-3-5-sonnet-20241022"
+    tool = _tool(trace, "00000000000000d1", 5, OBSERVATIONS["short"], "call_r")
+    tool.attributes["ctxlens.tool.observation_tokens"] = 999
+    store_spans([_chat(trace, "00000000000000c2", 3, "gpt-4o"), tool])
+    store_spans([_chat(trace, "00000000000000c1", 1, claude, requested=["call_r"])])
+    stored = ToolCall.objects.get()
+    assert stored.llm_call.span_id == "00000000000000c1"
+    assert stored.tokens_reported and not stored.tokens_pending
+    deferred.complete_pending()
+    stored.refresh_from_db()
+    assert stored.observation_tokens == 999
+
+
+def test_a_tools_tokens_at_each_level_are_counted_again_for_the_call_it_is_relinked_to():
+    """A tool whose full result the trace holds has its tokens at each output level counted for
+    its call's model; relinked to a call of another encoding, they are counted again for that one."""
+    trace, observation, claude = "1" * 32, OBSERVATIONS["short"], "claude-3-5-sonnet-20241022"
+    tool = _tool(trace, "00000000000000d1", 5, observation, "call_l")
+    tool.attributes["ctxlens.tool.output_level"] = "full"
+    store_spans([_chat(trace, "00000000000000c2", 3, "gpt-4o"), tool])
+    deferred.complete_pending()
+    for_gpt = tokens_at_levels(result_data(observation), "gpt-4o")
+    for_claude = tokens_at_levels(result_data(observation), claude)
+    assert ToolCall.objects.get().tokens_at_level == for_gpt != for_claude
+    store_spans([_chat(trace, "00000000000000c1", 1, claude, requested=["call_l"])])
+    assert ToolCall.objects.get().levels_pending
+    deferred.complete_pending()
+    stored = ToolCall.objects.get()
+    assert (stored.llm_call.span_id, stored.levels_pending) == ("00000000000000c1", False)
+    assert stored.tokens_at_level == for_claude
+
+
+
+def test_a_count_the_span_reported_is_kept_when_its_observation_is_found_later():
+    """The span reported the count but sent no result (the runtime without content capture); the
+    result is found later in the input of the call that read it: stored, with the count kept."""
+    trace = "5" * 32
+    tool = _tool(trace, "00000000000000d1", 5, "", "call_s")
+    tool.attributes["ctxlens.tool.observation_tokens"] = 999
+    asks = _chat(trace, "00000000000000c1", 1, "gpt-4o", requested=["call_s"])
+    store_spans([asks, tool])
+    reads = _chat(trace, "00000000000000c2", 7, "gpt-4o")
+    reads.attributes["gen_ai.input.messages"] = json.dumps(
+        [{"role": "tool", "parts": [{"type": "tool_call_response", "id": "call_s", "response": "3 hits"}]}])
+    store_spans([reads])
+    stored = ToolCall.objects.get()
+    assert (stored.observation, stored.tokens_pending) == ("3 hits", False)
+    deferred.complete_pending()
+    stored.refresh_from_db()
+    assert stored.observation_tokens == 999
+
+
+def test_a_tool_whose_call_was_replaced_is_counted_again_for_its_new_owner():
+    """An unfinished gpt-4o span owned the tool, which was counted for gpt-4o; its finished version
+    replaces the row (the tool loses its owner), and a call of an unknown model, which counts as
+    no model does, asks for the tool's id in the same batch: counted again for that call."""
+    trace, observation, unknown = "e" * 32, OBSERVATIONS["short"], "some-unknown-model"
+    assert counting_key(unknown) == counting_key(None) != counting_key("gpt-4o")
+    unfinished = _chat(trace, "00000000000000c1", 1, "gpt-4o")
+    unfinished.end_time_unix_nano = 0
+    store_spans([unfinished, _tool(trace, "00000000000000d1", 5, observation, "call_u")])
+    deferred.complete_pending()
+    assert _counts(ToolCall.objects.get()) == count_observation(observation, "gpt-4o")
+    store_spans([_chat(trace, "00000000000000c1", 1, "gpt-4o"),
+                 _chat(trace, "00000000000000c2", 3, unknown, requested=["call_u"])])
+    deferred.complete_pending()
+    tool = ToolCall.objects.get()
+    assert tool.llm_call.span_id == "00000000000000c2"
+    assert _counts(tool) == count_observation(observation, unknown) != count_observation(observation, "gpt-4o")
+
+
+def test_levels_counted_before_a_relink_are_not_written_for_the_old_call():
+    """The deferred run counted the tool's levels for gpt-4o; before it wrote them, linking gave the
+    tool to a claude call: the write leaves the tool pending, and the next run counts for claude."""
+    trace, observation, claude = "f" * 32, OBSERVATIONS["short"], "claude-3-5-sonnet-20241022"
+    tool = _tool(trace, "00000000000000d1", 5, observation, "call_v")
+    tool.attributes["ctxlens.tool.output_level"] = "full"
+    store_spans([_chat(trace, "00000000000000c2", 3, "gpt-4o"), tool])
+    counted = tool_levels.count_some(10)
+    assert [t.tokens_at_level for t in counted] == [tokens_at_levels(result_data(observation), "gpt-4o")]
+    store_spans([_chat(trace, "00000000000000c1", 1, claude, requested=["call_v"])])
+    with transaction.atomic():
+        assert tool_levels.write(counted) == []
+    assert ToolCall.objects.get().levels_pending
+    deferred.complete_pending()
+    assert ToolCall.objects.get().tokens_at_level == tokens_at_levels(result_data(observation), claude)
+
+
+def _in_turn(record: SpanRecord, turn: str, conversation: str = "") -> SpanRecord:
+    record.attributes["ctxlens.round.id"] = turn
+    if conversation:
+        record.attributes["gen_ai.conversation.id"] = conversation
+    return record
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("reported", [False, True], ids=["count made here", "count reported, levels made here"])
+def test_a_counted_tool_a_placeholders_fold_relinks_to_another_encoding_is_counted_again(settled, reported):
+    """Trace 2's claude call, which asked for the tool's call id, arrives in a placeholder (it names
+    no conversation); a later span of trace 2, in another turn, names the conversation, so that
+    batch folds the call into turn 1 without a span of its own there. The tool, counted for turn
+    1's gpt-4o call, goes to the claude call, and the background run counts it again: committed
+    for real here, so the test sees whether that run was scheduled at all. A count the span
+    reported stays; its tokens at each output level, counted here, are counted again."""
+    trace_1, trace_2, observation = "9" * 32, "6" * 32, OBSERVATIONS["short"]
+    claude = "claude-3-5-sonnet-20241022"
+    gpt = _in_turn(_chat(trace_1, "00000000000000c2", 3, "gpt-4o"), "turn-1", "conv-fold")
+    tool = _in_turn(_tool(trace_1, "00000000000000d1", 5, observation, "call_f"), "turn-1", "conv-fold")
+    if reported:
+        tool.attributes.update({"ctxlens.tool.observation_tokens": 999, "ctxlens.tool.output_level": "full"})
+    store_spans([gpt, tool])
+    store_spans([_in_turn(_chat(trace_2, "00000000000000c1", 1, claude, requested=["call_f"]), "turn-1")])
+    wait_for_deferred_tokens()
+    counted_for = _counted_for(observation, reported)
+    assert counted_for(ToolCall.objects.get()) == counted_for("gpt-4o") != counted_for(claude)
+    store_spans([_in_turn(_chat(trace_2, "00000000000000c3", 10, "gpt-4o"), "turn-2", "conv-fold")])
+    stored = ToolCall.objects.get()
+    assert stored.llm_call.span_id == "00000000000000c1"
+    assert stored.round.key == "turn-1" and stored.conversation.external_id == "conv-fold"
+    wait_for_deferred_tokens(seconds=30)
+    stored.refresh_from_db()
+    assert counted_for(stored) == counted_for(claude)
+
+
+def _counted_for(observation: str, reported: bool):
+    """What a test compares of a tool: its observation's counts, or (`reported`: the span said the
+    count) that count with its tokens at each level; of a stored tool, or as counted for a model."""
+    def counted(tool_or_model: ToolCall | str) -> tuple:
+        if isinstance(tool_or_model, ToolCall):
+            tool = tool_or_model
+            return (tool.observation_tokens, tool.tokens_at_level) if reported else _counts(tool)
+        model = tool_or_model
+        if reported:
+            return 999, tokens_at_levels(result_data(observation), model)
+        return count_observation(observation, model)
+    return counted
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_relinked_tool_with_only_its_levels_to_count_again_gets_them_counted(settled):
+    """The span reported the count, and the tool's full result is stored: relinked to a claude call,
+    only its tokens at each level are left to count, and the background run is scheduled for them."""
+    trace, observation, claude = "a" * 32, OBSERVATIONS["short"], "claude-3-5-sonnet-20241022"
+    tool = _tool(trace, "00000000000000d1", 5, observation, "call_w")
+    tool.attributes.update({"ctxlens.tool.observation_tokens": 999, "ctxlens.tool.output_level": "full"})
+    store_spans([_chat(trace, "00000000000000c2", 3, "gpt-4o"), tool])
+    wait_for_deferred_tokens()
+    counted_for = _counted_for(observation, reported=True)
+    assert counted_for(ToolCall.objects.get()) == counted_for("gpt-4o") != counted_for(claude)
+    store_spans([_chat(trace, "00000000000000c1", 1, claude, requested=["call_w"])])
+    stored = ToolCall.objects.get()
+    assert (stored.llm_call.span_id, stored.tokens_pending, stored.levels_pending) == ("00000000000000c1", False, True)
+    wait_for_deferred_tokens(seconds=30)
+    stored.refresh_from_db()
+    assert counted_for(stored) == counted_for(claude)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_counted_tool_a_stored_log_relinks_to_another_encoding_is_counted_again(settled):
+    """A stored event log says the claude call asked for the tool's call id; the tool, counted for
+    the gpt-4o call it was linked to, goes to the claude call when its span arrives (its messages
+    are rebuilt from the log), and the background run counts it again: committed for real here."""
+    trace, observation, claude = "b" * 32, OBSERVATIONS["short"], "claude-3-5-sonnet-20241022"
+    store_spans([], logs=[LogRecord(trace, "00000000000000c1", T0 + 2 * MS, "gen_ai.choice", {
+        "index": 0, "message": {"content": ""}, "finish_reason": "tool_calls",
+        "tool_calls": [{"id": "call_g", "function": {"name": "search", "arguments": {}}}]})])
+    store_spans([_chat_without_messages(trace, "00000000000000c2", 3, "gpt-4o"),
+                 _tool(trace, "00000000000000d1", 5, observation, "call_g")])
+    wait_for_deferred_tokens()
+    tool = ToolCall.objects.get()
+    assert tool.llm_call.span_id == "00000000000000c2"
+    assert _counts(tool) == count_observation(observation, "gpt-4o")
+    store_spans([_chat_without_messages(trace, "00000000000000c1", 1, claude)])
+    tool.refresh_from_db()
+    assert tool.llm_call.span_id == "00000000000000c1"
+    wait_for_deferred_tokens(seconds=30)
+    tool.refresh_from_db()
+    assert _counts(tool) == count_observation(observation, claude) != count_observation(observation, "gpt-4o")

@@ -302,6 +302,7 @@ def tool_fields(record: SpanRecord) -> dict[str, Any]:
         "cache_hit": first_bool(attrs, sc.TOOL_CACHE_HIT),
         "artifact_ref": first_str(attrs, sc.TOOL_ARTIFACT_ID),
         "tokens_approximate": observation_tokens is not None and attrs.get(sc.TOKENS_APPROXIMATE) is True,
+        "tokens_reported": observation_tokens is not None,
         "tokens_pending": observation_tokens is None and bool(observation),
     }
 

@@ -3,7 +3,8 @@
 Rows that arrive without token counts are stored with `tokens_pending=True`: LLM calls with
 messages but without usage counts, and tool calls without `ctxlens.tool.observation_tokens`
 whose observation the ingest could not count before its transaction (the requesting LLM call
-not in the batch: pipeline.ingest.write.precount).
+not in the batch: pipeline.ingest.write.precount), or counted for the model of one LLM call
+and then linked to another that counts otherwise (pipeline.ingest.write.linking).
 `complete_some()` tokenises a chunk of them (`pipeline.tokens.counting.count_tokens`), fills the counts,
 the context composition and the cost, clears the flag, re-aggregates the touched rounds and sends
 `ingest_committed` again. `schedule()` counts on a thread of its own and queues only the write
@@ -15,8 +16,9 @@ lives in the database, work a stopped process left behind is not lost: `resume()
 the OTLP views, and cheap for read paths to call too — looks for it once per process.
 
 Counting runs outside the transaction, so ingest may change a row in between (a log batch
-rebuilds an LLM call's messages): the write re-reads the still-pending rows under lock and
-writes the counts only of rows whose content is unchanged, counting the others again.
+rebuilds an LLM call's messages, linking gives a tool to another call): the write re-reads the
+still-pending rows under lock and writes the counts only of rows whose content is unchanged,
+counting the others again.
 
 LLM calls that report their input token count get their composition while being ingested
 (pipeline.ingest.normalise.composition); only calls without counts are tokenised here.

@@ -32,15 +32,20 @@ from django.db.models import QuerySet
 
 from pipeline.ingest.normalise.messages import call_id, last_text, tool_calls_of, tool_responses_of
 from pipeline.ingest.write import sql
+from pipeline.ingest.write.precount import counting_key
+from pipeline.ingest.write.tool_levels import needs_levels
 from pipeline.ingest.write.sql import update_rows
 from pipeline.ingest.normalise.values import to_text
 from pipeline.models import CompressionEvent, LLMCall, Round, ToolCall, ToolRequest, ToolResultCarry
 
 # `model`: a tool counted up front for a stored call is kept when the call counts alike (precount.apply)
 LLM_FIELDS = ("id", "round_id", "trace_id", "span_id", "started_at", "ended_at", "step", "output_messages", "model")
+# `tokens_*`, `levels_pending`, `output_level`, `artifact_id`: a stored tool given to a call of another
+# model is counted again for it (`_count_again`)
 TOOL_FIELDS = ("id", "conversation_id", "round_id", "trace_id", "span_id", "started_at", "tool_name", "tool_call_id",
-               "llm_call_id", "arguments", "observation", "tokens_pending")
-TOOL_LINK_FIELDS = ["llm_call", "tool_call_id", "arguments", "observation", "tokens_pending"]
+               "llm_call_id", "arguments", "observation", "tokens_pending", "tokens_reported", "levels_pending",
+               "output_level", "artifact_id")
+TOOL_LINK_FIELDS = ["llm_call", "tool_call_id", "arguments", "observation", "tokens_pending", "levels_pending"]
 REQUEST_COLUMNS = ("llm_call_id", "round_id", "tool_call_id", "name")
 # Values an IN list takes at most: a long round holds more rows than SQLite takes variables in one
 # statement (32,766 by default), so lists built from what was loaded go a chunk at a time.
@@ -305,6 +310,7 @@ def _link_tools(
             if key := call_id(part.get("id")):
                 requested.setdefault(key, (call, part))
     claimed = {t.tool_call_id for t in tools if t.tool_call_id} | set(claimed_elsewhere)
+    models = {call.pk: call.model for call in calls}
     changed = []
     for tool in tools:
         before = (tool.llm_call_id, tool.tool_call_id, tool.arguments, tool.observation)
@@ -329,6 +335,8 @@ def _link_tools(
                 tool.tool_call_id = call_id(part["id"])
                 claimed.add(tool.tool_call_id)
         if owner is not None and tool.llm_call_id != owner.pk:
+            if tool.pk and _counts_may_differ(tool.llm_call_id, owner, models):
+                _count_again(tool)
             tool.llm_call_id = owner.pk
         if part is not None and _better_arguments(tool.arguments, part.get("arguments")):
             tool.arguments = part["arguments"]
@@ -338,6 +346,22 @@ def _link_tools(
     if missing_observation:
         _recover_observations(calls, missing_observation, changed, whole_round)
     return changed
+
+
+def _counts_may_differ(previous: int | None, owner: LLMCall, models: dict[int, str]) -> bool:
+    """Whether what was counted for a stored tool while it was linked to call `previous` may count
+    otherwise for `owner`'s model: another encoding, margin or approximation, or a previous call
+    whose model is unknown here (not among the calls read; none, perhaps because it was replaced)."""
+    return previous not in models or counting_key(models[previous]) != counting_key(owner.model)
+
+
+def _count_again(tool: ToolCall) -> None:
+    """Leave a stored tool's counts to the deferred run, for the call it is being linked to: its
+    observation's tokens unless its span reported them, its tokens at each output level."""
+    if tool.observation and not tool.tokens_reported:
+        tool.tokens_pending = True
+    if needs_levels(tool):
+        tool.levels_pending = True
 
 
 def _recover_observations(
@@ -361,7 +385,7 @@ def _recover_observations(
     for tool in tools:
         if tool.tool_call_id in responses:
             tool.observation = to_text(responses[tool.tool_call_id])
-            tool.tokens_pending = bool(tool.observation)
+            tool.tokens_pending = bool(tool.observation) and not tool.tokens_reported
             if tool not in changed:
                 changed.append(tool)
 
@@ -405,10 +429,12 @@ def link_compressions(new: list[CompressionEvent], rows: RoundRows, stored_round
         )
 
 
-def relink_stored(round_ids: set[int], rounds: Iterable[Round]) -> None:
-    """Relink rounds whose stored rows changed outside a span batch (e.g. messages from logs)."""
+def relink_stored(round_ids: set[int], rounds: Iterable[Round]) -> bool:
+    """Relink rounds whose stored rows changed outside a span batch (e.g. messages from logs);
+    whether this left tool counts to the deferred run (an observation found, a tool counted again)."""
     rows = RoundRows.load(round_ids)
     rows.number_steps()
     rows.link_tools()
     rows.save_changes()
     update_rows(Round, rows.fill_final_answers(rounds), ["final_answer"])
+    return any(tool.tokens_pending or tool.levels_pending for tool in rows.changed_tools.values())

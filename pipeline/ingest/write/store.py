@@ -246,7 +246,7 @@ def _store(
         update_rows(Round, links.fill_final_answers(rounds.values(), stated), ["final_answer"])
         folded -= round_ids  # those of the batch's rounds were read whole and relinked above
         if folded:  # rounds that took a placeholder's rows but have no span in the batch
-            relink_stored(folded, Round.objects.filter(id__in=folded).only("id", "final_answer"))
+            pending = relink_stored(folded, Round.objects.filter(id__in=folded).only("id", "final_answer")) or pending
             tool_context.update_for_rounds(folded)
             round_ids |= folded
             recount |= folded
@@ -256,7 +256,7 @@ def _store(
         )
         pending = mark_pending(rows["tool"]) or pending or any(
             row.tokens_pending for row in (*rows["llm"], *rows["tool"])
-        ) or any(tool.tokens_pending for tool in links.changed_tools.values())
+        ) or any(tool.tokens_pending or tool.levels_pending for tool in links.changed_tools.values())
         conversation_ids = {c.id for c in conversations.values()}
         changes["new_conversation_ids"] = sorted(created)
         changes["llm_call_ids"] = [c.id for c in rows["llm"]]
@@ -270,7 +270,8 @@ def _store(
     if relogged:
         logged_rounds, logged_conversations = apply_logs(relogged)
         if logged_rounds:
-            relink_stored(logged_rounds, Round.objects.filter(id__in=logged_rounds).only("id", "final_answer"))
+            to_relink = Round.objects.filter(id__in=logged_rounds).only("id", "final_answer")
+            pending = relink_stored(logged_rounds, to_relink) or pending
             tool_context.update_for_rounds(logged_rounds)
         round_ids |= logged_rounds
         recount |= logged_rounds

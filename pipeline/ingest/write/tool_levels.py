@@ -3,7 +3,8 @@
 Formatting a result three times and tokenising each is too slow for the ingest response, so it
 runs with the deferred token counting (pipeline.ingest.write.deferred): a tool call whose full
 result may be stored — an artifact, or an observation at the full level — is marked
-`levels_pending` when it is stored (`mark_pending`); `count_some` reads a chunk of them and
+`levels_pending` when it is stored (`mark_pending`), and again when linking gives it to an LLM
+call of another model (pipeline.ingest.write.linking); `count_some` reads a chunk of them and
 counts them outside any transaction (pipeline.insight.levels), `write` stores the counts of the
 rows still pending and unchanged, under the deferred writer's locks. A call without a readable
 full result (an observation that only names an artifact the server does not hold, an expired
@@ -83,18 +84,21 @@ def count_some(limit: int) -> list[ToolCall]:
 
 
 def _content(tool: ToolCall) -> tuple:
-    return tool.observation, tool.output_level, tool.artifact_id
+    """What the levels are counted from: the result, and the model of the call the tool is linked to."""
+    return tool.observation, tool.output_level, tool.artifact_id, tool.llm_call.model if tool.llm_call else None
 
 
 def write(tools: Iterable[ToolCall]) -> list[ToolCall]:
     """Store the counts of `tools` that are still pending with the content they were counted
-    from (inside the caller's transaction); returns the rows written. A row changed meanwhile
-    stays pending and is counted again by a later run."""
+    from (inside the caller's transaction); returns the rows written. A row changed meanwhile (its
+    result, or the call it is linked to) stays pending and is counted again by a later run."""
     counted = {t.pk: t for t in tools}
     if not counted:
         return []
     current = (ToolCall.objects.select_for_update(of=("self",)).filter(levels_pending=True, pk__in=list(counted))
-               .only("id", "round_id", "conversation_id", "observation", "output_level", "artifact_id").order_by("pk"))
+               .select_related("llm_call")
+               .only("id", "round_id", "conversation_id", "observation", "output_level", "artifact_id", "llm_call__model")
+               .order_by("pk"))
     written = []
     for tool in current:
         done = counted[tool.pk]
