@@ -400,6 +400,26 @@ def test_a_count_the_span_reported_is_kept_when_its_observation_is_found_later()
     assert stored.observation_tokens == 999
 
 
+
+def test_a_full_result_found_later_gets_its_tokens_at_each_level_counted():
+    """A tool at the full output level sent without its result: once the result is found in the
+    input of the call that read it, its tokens at each level are counted like a result sent with it."""
+    trace = "d" * 32
+    tool = _tool(trace, "00000000000000d1", 5, "", "call_t")
+    tool.attributes["ctxlens.tool.output_level"] = "full"
+    store_spans([_chat(trace, "00000000000000c1", 1, "gpt-4o", requested=["call_t"]), tool])
+    deferred.complete_pending()
+    assert ToolCall.objects.get().tokens_at_level is None
+    reads = _chat(trace, "00000000000000c2", 7, "gpt-4o")
+    result = {"type": "tool_call_response", "id": "call_t", "response": OBSERVATIONS["short"]}
+    reads.attributes["gen_ai.input.messages"] = json.dumps([{"role": "tool", "parts": [result]}])
+    store_spans([reads])
+    deferred.complete_pending()
+    stored = ToolCall.objects.get()
+    assert (stored.observation, stored.levels_pending) == (OBSERVATIONS["short"], False)
+    assert stored.tokens_at_level == tokens_at_levels(result_data(OBSERVATIONS["short"]), "gpt-4o")
+
+
 def test_a_tool_whose_call_was_replaced_is_counted_again_for_its_new_owner():
     """An unfinished gpt-4o span owned the tool, which was counted for gpt-4o; its finished version
     replaces the row (the tool loses its owner), and a call of an unknown model, which counts as

@@ -3,8 +3,8 @@
 Formatting a result three times and tokenising each is too slow for the ingest response, so it
 runs with the deferred token counting (pipeline.ingest.write.deferred): a tool call whose full
 result may be stored — an artifact, or an observation at the full level — is marked
-`levels_pending` when it is stored (`mark_pending`), and again when linking gives it to an LLM
-call of another model (pipeline.ingest.write.linking); `count_some` reads a chunk of them and
+`levels_pending` when it is stored (`mark_pending`), and again when linking finds its result in a
+later call's input or gives it to an LLM call of another model (pipeline.ingest.write.linking); `count_some` reads a chunk of them and
 counts them outside any transaction (pipeline.insight.levels), `write` stores the counts of the
 rows still pending and unchanged, under the deferred writer's locks. A call without a readable
 full result (an observation that only names an artifact the server does not hold, an expired
