@@ -345,9 +345,9 @@ def test_a_tool_relinked_to_a_call_of_the_same_encoding_keeps_its_count():
 
 
 def test_a_count_the_span_reported_is_kept_when_the_tool_is_relinked():
-    """The span said how many tokens its observation has (ctxlens's runtime counts the full result,
-    the stored observation may be cut): given to a call of another encoding later, the tool keeps
-    that figure, and nothing is left for the deferred run."""
+    """The span said how many tokens its observation has (ctxlens's runtime counts the whole
+    observation, before the span clips it): given to a call of another encoding later, the tool
+    keeps that figure, and nothing is left for the deferred run."""
     trace, claude = "3" * 32, "claude-3-5-sonnet-20241022"
     tool = _tool(trace, "00000000000000d1", 5, OBSERVATIONS["short"], "call_r")
     tool.attributes["ctxlens.tool.observation_tokens"] = 999
@@ -380,7 +380,6 @@ def test_a_tools_tokens_at_each_level_are_counted_again_for_the_call_it_is_relin
     assert stored.tokens_at_level == for_claude
 
 
-
 def test_a_count_the_span_reported_is_kept_when_its_observation_is_found_later():
     """The span reported the count but sent no result (the runtime without content capture); the
     result is found later in the input of the call that read it: stored, with the count kept."""
@@ -398,7 +397,6 @@ def test_a_count_the_span_reported_is_kept_when_its_observation_is_found_later()
     deferred.complete_pending()
     stored.refresh_from_db()
     assert stored.observation_tokens == 999
-
 
 
 def test_a_full_result_found_later_gets_its_tokens_at_each_level_counted():

@@ -21,9 +21,11 @@ def test_the_migration_marks_the_counts_spans_reported(settled):
     seed = _tool(trace, "00000000000000d2", 6, "2 hits", "call_2")
     seed.attributes["tool.output_tokens"] = 30
     counted_here = _tool(trace, "00000000000000d3", 7, "1 hit", "call_3")
-    store_spans([_chat(trace, "00000000000000c1", 1, "gpt-4o"), reported, seed, counted_here])
-    marked = dict(ToolCall.objects.values_list("span_id", "tokens_reported"))
-    assert marked == {"00000000000000d1": True, "00000000000000d2": True, "00000000000000d3": False}
+    # the same span id in another trace, its count not reported: its span is another one
+    other = _tool("d" * 32, "00000000000000d1", 5, "0 hits", "call_4")
+    store_spans([_chat(trace, "00000000000000c1", 1, "gpt-4o"), reported, seed, counted_here, other])
+    marked = dict(ToolCall.objects.values_list("observation", "tokens_reported"))
+    assert marked == {"3 hits": True, "2 hits": True, "1 hit": False, "0 hits": False}
 
     executor = MigrationExecutor(connection)
     migration = next(key for key in executor.loader.disk_migrations
@@ -37,4 +39,4 @@ def test_the_migration_marks_the_counts_spans_reported(settled):
         executor = MigrationExecutor(connection)
         executor.migrate(leaves)  # the rest of the suite runs on the whole schema, whatever happened
 
-    assert dict(ToolCall.objects.values_list("span_id", "tokens_reported")) == marked
+    assert dict(ToolCall.objects.values_list("observation", "tokens_reported")) == marked

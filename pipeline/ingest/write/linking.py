@@ -368,7 +368,7 @@ def _recover_observations(
     calls: list[LLMCall], tools: list[ToolCall], changed: list[ToolCall], whole_round: int | None = None
 ) -> None:
     """Take a tool's observation from an LLM call's input (the tool message with its id), and leave
-    its counts to the deferred run."""
+    its tokens (unless its span reported them) and its tokens at each level to the deferred run."""
     responses: dict[str, Any] = {}
     if whole_round is not None:  # only part of the round is loaded: read the calls that answer these tools
         calls = _answering_inputs(calls, tools, whole_round)
@@ -387,7 +387,8 @@ def _recover_observations(
         if tool.tool_call_id in responses:
             tool.observation = to_text(responses[tool.tool_call_id])
             tool.tokens_pending = bool(tool.observation) and not tool.tokens_reported
-            tool.levels_pending = tool.levels_pending or needs_levels(tool)
+            # an artifact's levels come from the artifact, which a recovered observation does not change
+            tool.levels_pending = tool.levels_pending or (tool.artifact_id is None and needs_levels(tool))
             if tool not in changed:
                 changed.append(tool)
 

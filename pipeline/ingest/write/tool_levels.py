@@ -3,10 +3,11 @@
 Formatting a result three times and tokenising each is too slow for the ingest response, so it
 runs with the deferred token counting (pipeline.ingest.write.deferred): a tool call whose full
 result may be stored — an artifact, or an observation at the full level — is marked
-`levels_pending` when it is stored (`mark_pending`), and again when linking finds its result in a
-later call's input or gives it to an LLM call of another model (pipeline.ingest.write.linking); `count_some` reads a chunk of them and
-counts them outside any transaction (pipeline.insight.levels), `write` stores the counts of the
-rows still pending and unchanged, under the deferred writer's locks. A call without a readable
+`levels_pending` when it is stored (`mark_pending`), and again when linking finds its result
+in a later call's input or gives it to an LLM call that counts otherwise
+(pipeline.ingest.write.linking); `count_some` reads a chunk of them and counts them outside any
+transaction (pipeline.insight.levels), `write` stores the counts of the rows still pending and
+unchanged, under the deferred writer's locks. A call without a readable
 full result (an observation that only names an artifact the server does not hold, an expired
 artifact, one over MAX_RESULT_BYTES) gets `{}`.
 """
@@ -91,14 +92,14 @@ def _content(tool: ToolCall) -> tuple:
 def write(tools: Iterable[ToolCall]) -> list[ToolCall]:
     """Store the counts of `tools` that are still pending with the content they were counted
     from (inside the caller's transaction); returns the rows written. A row changed meanwhile (its
-    result, or the call it is linked to) stays pending and is counted again by a later run."""
+    result, or the model of the call it is linked to) stays pending and is counted again later."""
     counted = {t.pk: t for t in tools}
     if not counted:
         return []
     current = (ToolCall.objects.select_for_update(of=("self",)).filter(levels_pending=True, pk__in=list(counted))
                .select_related("llm_call")
-               .only("id", "round_id", "conversation_id", "observation", "output_level", "artifact_id", "llm_call__model")
-               .order_by("pk"))
+               .only("id", "round_id", "conversation_id", "observation", "output_level", "artifact_id",
+                     "llm_call__model").order_by("pk"))
     written = []
     for tool in current:
         done = counted[tool.pk]
