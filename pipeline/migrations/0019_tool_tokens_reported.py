@@ -9,29 +9,19 @@
 # index rather than a scan of every span's attributes.
 
 from django.db import migrations, models
-from django.db.models import Exists, OuterRef
+from django.db.models import Exists, Max, Min, OuterRef
 
 REPORTED_KEYS = ["ctxlens.tool.observation_tokens", "tool.output_tokens"]  # pipeline.semconv, as of now
 CHUNK = 2000
-
-
-def _chunks(model):
-    """The model's primary keys, CHUNK at a time, as (first, last) ranges."""
-    last = 0
-    while True:
-        ids = list(model.objects.filter(pk__gt=last).order_by("pk").values_list("pk", flat=True)[:CHUNK])
-        if not ids:
-            return
-        yield ids[0], ids[-1]
-        last = ids[-1]
 
 
 def mark_reported(apps, schema_editor):
     ToolCall, Span = apps.get_model("pipeline", "ToolCall"), apps.get_model("pipeline", "Span")
     span = Span.objects.filter(trace_id=OuterRef("trace_id"), span_id=OuterRef("span_id"),
                                attributes__has_any_keys=REPORTED_KEYS)
-    for first, last in _chunks(ToolCall):
-        ToolCall.objects.filter(Exists(span), pk__gte=first, pk__lte=last).update(tokens_reported=True)
+    ids = ToolCall.objects.aggregate(first=Min("pk"), last=Max("pk"))
+    for start in range(ids["first"] or 1, (ids["last"] or 0) + 1, CHUNK):  # the ids, a range at a time
+        ToolCall.objects.filter(Exists(span), pk__gte=start, pk__lt=start + CHUNK).update(tokens_reported=True)
 
 
 class Migration(migrations.Migration):
