@@ -1,5 +1,6 @@
 """Admin edits and deletes of rounds, calls, compressions and skill activations that keep the
-figures derived from them right: the rollups, the tool context ledger, the counters."""
+figures derived from them right: the rollups, the tool context ledger, the counters, the token
+counts and costs (pipeline.admin.counts)."""
 
 from __future__ import annotations
 
@@ -11,8 +12,9 @@ from django.db.models import Model, QuerySet
 from django.db.models.deletion import Collector
 from django.http import HttpRequest, HttpResponse
 
+from pipeline.admin import counts
 from pipeline.admin.pages import CountsWhatCascades, DeletesStartAgainAfterDeadlock
-from pipeline.ingest.write import sql, tool_context
+from pipeline.ingest.write import deferred, sql, tool_context
 from pipeline.ingest.write.counters import recompute_counters
 from pipeline.insight import finding_counts
 from pipeline.models import Conversation, LLMCall, Round, ToolCall
@@ -77,11 +79,18 @@ class FiguresFollowAdminChanges(CountsWhatCascades, DeletesStartAgainAfterDeadlo
             for field in model._meta.concrete_fields:
                 if field.name not in form.changed_data:
                     setattr(obj, field.attname, getattr(before, field.attname))
+            if model is LLMCall:
+                counts.price_edited_call(obj, form.changed_data)
             super().save_model(request, obj, form, change)
+            pending = False
             if model is LLMCall:  # what it carries follows its input, tokens, model and cost
                 tool_context.update_for_calls([obj.pk])
+                pending = counts.recount_for_call(before, obj)
             elif model is ToolCall:  # the carries of its id, old and new, may now be another tool call's
                 tool_context.update_tool_context((), forced=tool_context.tool_keys([before, obj]))
+                pending = counts.recount_for_tool(before, obj, form.changed_data)
+            if pending:
+                transaction.on_commit(deferred.schedule)
             _recount(type(self), _round_ids([before, obj]), locked)
 
     def delete_model(self, request: HttpRequest, obj: Model) -> None:

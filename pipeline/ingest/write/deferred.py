@@ -4,7 +4,8 @@ Rows that arrive without token counts are stored with `tokens_pending=True`: LLM
 messages but without usage counts, and tool calls without `ctxlens.tool.observation_tokens`
 whose observation the ingest could not count before its transaction (the requesting LLM call
 not in the batch: pipeline.ingest.write.precount), or counted for the model of one LLM call
-and then linked to another that counts otherwise (pipeline.ingest.write.linking).
+and then linked to another that counts otherwise (pipeline.ingest.write.linking, and admin
+edits: pipeline.admin.counts).
 `complete_some()` tokenises a chunk of them (`pipeline.tokens.counting.count_tokens`), fills the counts,
 the context composition and the cost, clears the flag, re-aggregates the touched rounds and sends
 `ingest_committed` again. `schedule()` counts on a thread of its own and queues only the write

@@ -17,6 +17,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 
+from django.db.models import Q
+
 from pipeline.artifacts.store import ArtifactError, open_artifact
 from pipeline.ingest.write.sql import update_rows
 from pipeline.insight.levels import is_reference, result_data, tokens_at_levels
@@ -33,6 +35,9 @@ WRITTEN = ["tokens_at_level", "levels_pending"]
 def needs_levels(tool: ToolCall) -> bool:
     """Whether the trace may hold the tool call's full result: an artifact, or a full-level observation."""
     return tool.artifact_id is not None or (tool.output_level == "full" and tool.observation != "")
+
+
+NEEDS_LEVELS = Q(artifact__isnull=False) | (Q(output_level="full") & ~Q(observation=""))  # needs_levels, as a filter
 
 
 def mark_pending(tools: list[ToolCall]) -> bool:

@@ -1,0 +1,67 @@
+"""Token counts and costs that follow an admin edit of an LLM call or a tool call.
+
+A tool call's observation tokens and its tokens at each output level are counted for the model
+of the LLM call it is linked to (pipeline.ingest.write.precount, pipeline.ingest.write.tool_levels).
+An operator who links a tool to another call, edits its result or its output level, or gives a
+call another model, leaves those counts made for the old text or model: they go back to the
+deferred run (pipeline.ingest.write.deferred), as after a relink at ingest
+(pipeline.ingest.write.linking). A count the operator types in, or one the tool's span reported
+for the result still stored, is kept. An LLM call's cost follows its model, counts and start,
+unless the operator set the cost too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+
+from pipeline.ingest.write.precount import counting_key
+from pipeline.ingest.write.tool_levels import NEEDS_LEVELS, needs_levels
+from pipeline.insight.costs import price_llm_call
+from pipeline.models import LLMCall, ToolCall
+
+PRICED_FROM = frozenset({"model", "request_model", "provider", "input_tokens", "output_tokens", "cache_read_tokens",
+                         "cache_write_tokens", "reasoning_tokens", "started_at"})
+LEVELS_FROM = frozenset({"observation", "output_level", "artifact"})
+
+
+def price_edited_call(call: LLMCall, changed: Collection[str]) -> None:
+    """Before the save: the cost at the call's edited model, counts or start (the form's own cost wins)."""
+    if "cost_usd" not in changed and not PRICED_FROM.isdisjoint(changed):
+        price_llm_call(call)
+
+
+def recount_for_call(before: LLMCall, call: LLMCall) -> bool:
+    """After the save: the call's tools counted again when its new model counts otherwise; whether
+    any count was left to the deferred run."""
+    if counting_key(before.model) == counting_key(call.model):
+        return False
+    tools = ToolCall.objects.filter(llm_call_id=call.pk)
+    tokens = tools.filter(tokens_reported=False).exclude(observation="").update(tokens_pending=True)
+    levels = tools.filter(NEEDS_LEVELS).update(levels_pending=True)
+    return bool(tokens or levels)
+
+
+def recount_for_tool(before: ToolCall, tool: ToolCall, changed: Collection[str]) -> bool:
+    """After the save: the tool's counts left to the deferred run where the edit changed what they
+    were counted from; whether any was."""
+    relinked = before.llm_call_id != tool.llm_call_id and _count_otherwise(before.llm_call_id, tool.llm_call_id)
+    fields: dict[str, object] = {}
+    if "observation_tokens" not in changed:
+        if "observation" in changed:  # a count its span reported was of the result replaced
+            fields.update(tokens_pending=True, tokens_reported=False)
+        elif relinked and tool.observation and not tool.tokens_reported:
+            fields.update(tokens_pending=True)
+    if relinked or not LEVELS_FROM.isdisjoint(changed):
+        fields["levels_pending"] = needs_levels(tool)
+        if not fields["levels_pending"]:  # no full result any more: no tokens at each level
+            fields["tokens_at_level"] = None
+    if fields:
+        ToolCall.objects.filter(pk=tool.pk).update(**fields)
+    return bool(fields.get("tokens_pending") or fields.get("levels_pending"))
+
+
+def _count_otherwise(old_call: int | None, new_call: int | None) -> bool:
+    """Whether a tool counts otherwise linked to `new_call` than to `old_call` (None: no call, a
+    call deleted meanwhile: counted for no model)."""
+    models = dict(LLMCall.objects.filter(pk__in={old_call, new_call} - {None}).values_list("pk", "model"))
+    return counting_key(models.get(old_call)) != counting_key(models.get(new_call))

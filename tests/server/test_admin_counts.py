@@ -1,0 +1,177 @@
+"""Token counts and costs follow an admin edit of an LLM call or a tool call (pipeline.admin.counts):
+the counts the edit made stale are counted again by the deferred run, for the new model or text."""
+
+from __future__ import annotations
+
+import json
+from decimal import Decimal
+
+import pytest
+
+from pipeline.ingest.records import SpanRecord
+from pipeline.ingest.write import deferred
+from pipeline.ingest.write.precount import count_observation, counting_key
+from pipeline.ingest.write.store import store_spans
+from pipeline.insight.costs import llm_call_cost
+from pipeline.insight.levels import result_data, tokens_at_levels
+from pipeline.models import LLMCall, ToolCall
+from tests.admin_forms import edit_in_the_admin
+
+pytestmark = pytest.mark.django_db
+
+T0 = 1_763_800_000_000_000_000
+MS = 1_000_000
+TRACE = "5" * 32
+ROOT = "00000000000000a0"
+CLAUDE = "claude-3-5-sonnet-20241022"
+OBSERVATION = "3 hits: ctxlens, 上下文, {\"score\": 0.93}"
+
+
+def chat(span_id: str, start: int, model: str, requested: tuple[str, ...] = ()) -> SpanRecord:
+    parts = [{"type": "tool_call", "id": i, "name": "search", "arguments": {}} for i in requested]
+    return SpanRecord(TRACE, span_id, f"chat {model}", T0 + start * MS, T0 + (start + 1) * MS, parent_span_id=ROOT,
+                      attributes={"gen_ai.operation.name": "chat", "gen_ai.request.model": model,
+                                  "gen_ai.usage.input_tokens": 1000, "gen_ai.usage.output_tokens": 50,
+                                  "gen_ai.output.messages": json.dumps(
+                                      [{"role": "assistant", "parts": parts or [{"type": "text", "content": "ok"}]}])})
+
+
+def tool(span_id: str, start: int, call_id: str, **attributes) -> SpanRecord:
+    return SpanRecord(TRACE, span_id, "execute_tool search", T0 + start * MS, T0 + (start + 1) * MS,
+                      parent_span_id=ROOT, attributes={"gen_ai.operation.name": "execute_tool",
+                                                       "gen_ai.tool.name": "search", "gen_ai.tool.call.id": call_id,
+                                                       "gen_ai.tool.call.result": OBSERVATION, **attributes})
+
+
+def a_turn(model: str = "gpt-4o", **tool_attributes) -> ToolCall:
+    """A gpt-4o call that asked for a tool, the tool (counted for gpt-4o), and a claude call."""
+    store_spans([chat("00000000000000c1", 1, model, requested=("call_1",)),
+                 tool("00000000000000d1", 3, "call_1", **tool_attributes),
+                 chat("00000000000000c2", 5, CLAUDE)])
+    deferred.complete_pending()
+    stored = ToolCall.objects.get()
+    assert stored.llm_call.model == model and not (stored.tokens_pending or stored.levels_pending)
+    return stored
+
+
+def counts(row: ToolCall) -> tuple[int, bool, bool]:
+    return row.observation_tokens, row.tokens_estimated, row.tokens_approximate
+
+
+def edited(client, row, callbacks, **changed):
+    """`row` edited in the admin; the deferred run scheduled at commit (asserted), then completed here."""
+    with callbacks() as scheduled:
+        edit_in_the_admin(client, row, **changed)
+    assert (deferred.schedule in scheduled) == bool(
+        ToolCall.objects.filter(tokens_pending=True).exists() or ToolCall.objects.filter(levels_pending=True).exists())
+    deferred.complete_pending()
+    return type(row).objects.get(pk=row.pk)
+
+
+@pytest.fixture
+def admin_client(client, alice):
+    client.force_login(alice)
+    return client
+
+
+def test_a_tool_linked_to_a_call_of_another_encoding_in_the_admin_is_counted_for_it(
+        admin_client, django_capture_on_commit_callbacks):
+    stored = a_turn(**{"ctxlens.tool.output_level": "full"})
+    assert counts(stored) == count_observation(OBSERVATION, "gpt-4o") != count_observation(OBSERVATION, CLAUDE)
+    assert stored.tokens_at_level == tokens_at_levels(result_data(OBSERVATION), "gpt-4o")
+    claude_call = LLMCall.objects.get(model=CLAUDE)
+
+    after = edited(admin_client, stored, django_capture_on_commit_callbacks, llm_call=claude_call.pk)
+
+    assert after.llm_call_id == claude_call.pk
+    assert counts(after) == count_observation(OBSERVATION, CLAUDE)
+    assert after.tokens_at_level == tokens_at_levels(result_data(OBSERVATION), CLAUDE)
+
+
+def test_a_tool_linked_to_a_call_that_counts_alike_keeps_its_counts(admin_client, django_capture_on_commit_callbacks):
+    stored = a_turn()
+    store_spans([chat("00000000000000c3", 7, "gpt-4o-mini")])
+    assert counting_key("gpt-4o-mini") == counting_key("gpt-4o")
+    mini = LLMCall.objects.get(model="gpt-4o-mini")
+
+    with django_capture_on_commit_callbacks() as scheduled:
+        edit_in_the_admin(admin_client, stored, llm_call=mini.pk)
+
+    after = ToolCall.objects.get()
+    assert after.llm_call_id == mini.pk and not (after.tokens_pending or after.levels_pending)
+    assert deferred.schedule not in scheduled
+    assert counts(after) == counts(stored)
+
+
+@pytest.mark.parametrize("reported", [False, True], ids=["counted", "reported by its span"])
+def test_a_call_given_another_model_in_the_admin_has_its_tools_counted_for_it(
+        admin_client, django_capture_on_commit_callbacks, reported):
+    stored = a_turn(**({"ctxlens.tool.observation_tokens": 999} if reported else {}),
+                    **{"ctxlens.tool.output_level": "full"})
+    call = stored.llm_call
+
+    edited(admin_client, call, django_capture_on_commit_callbacks, model=CLAUDE)
+
+    after = ToolCall.objects.get()
+    assert after.observation_tokens == (999 if reported else count_observation(OBSERVATION, CLAUDE)[0])
+    assert after.tokens_at_level == tokens_at_levels(result_data(OBSERVATION), CLAUDE)
+
+
+def test_an_observation_edited_in_the_admin_is_counted_even_where_its_span_reported_the_old_ones(
+        admin_client, django_capture_on_commit_callbacks):
+    stored = a_turn(**{"ctxlens.tool.observation_tokens": 999})
+    new = "a shorter result"
+
+    after = edited(admin_client, stored, django_capture_on_commit_callbacks, observation=new)
+
+    assert after.observation == new
+    assert counts(after) == count_observation(new, "gpt-4o")
+    assert not after.tokens_reported
+
+
+def test_a_count_typed_in_the_admin_with_the_observation_is_kept(admin_client, django_capture_on_commit_callbacks):
+    stored = a_turn()
+
+    after = edited(admin_client, stored, django_capture_on_commit_callbacks, observation="new text",
+                   observation_tokens=42)
+
+    assert (after.observation, after.observation_tokens, after.tokens_pending) == ("new text", 42, False)
+
+
+def test_a_tool_taken_below_the_full_level_in_the_admin_has_no_tokens_at_each_level(
+        admin_client, django_capture_on_commit_callbacks):
+    stored = a_turn(**{"ctxlens.tool.output_level": "full"})
+    assert stored.tokens_at_level
+
+    after = edited(admin_client, stored, django_capture_on_commit_callbacks, output_level="brief")
+
+    assert (after.output_level, after.tokens_at_level, after.levels_pending) == ("brief", None, False)
+
+
+def test_a_call_given_another_model_in_the_admin_is_priced_at_it(admin_client, django_capture_on_commit_callbacks):
+    call = a_turn().llm_call
+    assert call.cost_usd is not None
+
+    after = edited(admin_client, call, django_capture_on_commit_callbacks, model=CLAUDE)
+
+    assert after.cost_usd == llm_call_cost(after) != call.cost_usd
+
+
+def test_a_cost_typed_in_the_admin_is_kept(admin_client, django_capture_on_commit_callbacks):
+    call = a_turn().llm_call
+
+    after = edited(admin_client, call, django_capture_on_commit_callbacks, input_tokens=5000, cost_usd="1.5")
+
+    assert (after.input_tokens, after.cost_usd) == (5000, Decimal("1.5"))
+
+
+def test_a_call_given_a_model_that_counts_alike_leaves_its_tools_counts(admin_client, django_capture_on_commit_callbacks):
+    stored = a_turn(**{"ctxlens.tool.output_level": "full"})
+
+    with django_capture_on_commit_callbacks() as scheduled:
+        edit_in_the_admin(admin_client, stored.llm_call, model="gpt-4o-mini")
+
+    after = ToolCall.objects.get()
+    assert after.llm_call.model == "gpt-4o-mini" and not (after.tokens_pending or after.levels_pending)
+    assert deferred.schedule not in scheduled
+    assert (counts(after), after.tokens_at_level) == (counts(stored), stored.tokens_at_level)
