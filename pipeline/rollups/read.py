@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterator
-from datetime import datetime
+from datetime import UTC, datetime
 
 from django.db.models import Q
 from django.utils import timezone
@@ -25,6 +25,9 @@ from pipeline.rollups.figures import COLUMNS, MODEL_OF, NAME_COLUMN, TIME_COLUMN
 from pipeline.rollups.track import GRAINS, floor
 
 ORDER = ("d", "h", "m")
+# Later than any stored time (OTLP's nanoseconds end in 2554), and far enough from datetime.max for
+# a bucket's end: a window's edge past it is open (until) or past everything (since).
+LATEST = datetime(9999, 1, 1, tzinfo=UTC)
 
 
 def _ceil(moment: datetime, grain: str) -> datetime:
@@ -44,6 +47,10 @@ def cover(since: datetime | None, until: datetime | None, now: datetime | None =
     window (added, at the finer grains), or the whole bucket less the part outside (subtracted).
     So an edge costs at most half a bucket of each finer grain: a window of 24 hours reads a day
     row, at most 12 hour rows and 30 minute rows per name, instead of 23 and 59."""
+    if until is not None and until >= LATEST:
+        until = None
+    if since is not None and since > LATEST:
+        since = LATEST
     kept = kept_since(now)
     segments: list[Segment] = []
     raw: list[Part] = []

@@ -263,6 +263,23 @@ def test_a_missing_conversation_is_a_json_404(api):
 # --- tool statistics -------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("path", ["/api/tools/stats/", "/api/models/stats/"])
+def test_a_window_edge_at_the_end_of_time_is_read_as_open_or_empty(api, path):
+    conv = conversation("c1")
+    tool_call(conv, None, "search", 40, tokens=100)
+    LLMCall.objects.create(conversation=conv, model="gpt-4o", started_at=T0, input_tokens=10, **span_ids())
+    everything = api.get(path).json()
+    assert everything
+
+    until = api.get(path, {"until": "9999-12-31T23:59:59Z"})
+    between = api.get(path, {"since": "2026-01-01T00:00:00Z", "until": "9999-12-31T23:59:00Z"})
+    after = api.get(path, {"since": "9999-12-31T00:00:01Z"})
+
+    assert (until.status_code, between.status_code, after.status_code) == (200, 200, 200)
+    assert until.json() == between.json() == everything
+    assert after.json() == []
+
+
 def test_tool_stats_match_figures_computed_by_hand(api):
     conv = conversation("c1")
     # search: durations 10, 20, 30, 40, 100 (and one without a duration)
