@@ -17,7 +17,8 @@ Django release changes `handle` under this class.)
 
 It also answers 400, not 500, to a request whose headers Django cannot parse: a Content-Type
 parameter in an encoding no codec knows (`charset*=bogus''x`) raised ValueError while Django
-built the request, which its `create_request` lets through (it catches only bad UTF-8).
+built the request, which its `create_request` lets through (it catches only bad UTF-8). The
+400 says so: in the API's JSON under /api/, in plain text elsewhere.
 """
 
 from __future__ import annotations
@@ -26,9 +27,10 @@ import logging
 from typing import Any
 
 from django.core.handlers.asgi import ASGIHandler
-from django.http import HttpResponseBadRequest
+from django.http import HttpResponseBadRequest, JsonResponse
 
 logger = logging.getLogger("django.request")  # where Django logs the bad requests it catches itself
+UNREADABLE_HEADERS = "the request's headers cannot be read"  # as the OTLP router says it (pipeline.receivers.otlp_router)
 
 
 class CycleFreeASGIHandler(ASGIHandler):
@@ -36,8 +38,11 @@ class CycleFreeASGIHandler(ASGIHandler):
         try:
             return super().create_request(scope, body_file)
         except (ValueError, LookupError):
-            logger.warning("Bad Request (headers that cannot be parsed): %s", scope.get("path", ""))
-            return None, HttpResponseBadRequest()
+            path = scope.get("path", "")
+            logger.warning("Bad Request (headers that cannot be parsed): %s", path)
+            if path.startswith("/api/"):  # the API's JSON error body, as DRF writes it
+                return None, JsonResponse({"detail": UNREADABLE_HEADERS}, status=400)
+            return None, HttpResponseBadRequest(UNREADABLE_HEADERS, content_type="text/plain; charset=utf-8")
 
     async def listen_for_disconnect(self, receive: Any) -> None:
         message = await receive()

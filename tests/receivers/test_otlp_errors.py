@@ -158,6 +158,11 @@ def test_headers_django_cannot_read_are_a_400_on_every_page(otlp_server, method,
     reply = httpx.request(method, f"{otlp_server.url}{path}", content=b"{}", timeout=60, headers={
         **auth(make_key()), "Content-Type": "application/json; charset*=bogus''x"})
     assert reply.status_code == 400
+    if path.startswith("/api/"):
+        assert reply.json() == {"detail": "the request's headers cannot be read"}
+    else:
+        assert reply.headers["content-type"].startswith("text/plain")
+        assert reply.text == "the request's headers cannot be read"
 
 
 def test_it_rejects_requests_without_a_key(otlp_server):
