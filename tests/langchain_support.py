@@ -46,8 +46,9 @@ def get_weather(city: str) -> str:
     return f"Sunny, 21C in {city}"
 
 
-def react_agent(replies: list[AIMessage], **kwargs: Any):
-    """LangGraph's prebuilt ReAct agent over a FakeToolChat that gives `replies`, with get_weather.
+def react_agent(replies: list[AIMessage], tools: list | None = None, **kwargs: Any):
+    """LangGraph's prebuilt ReAct agent over a FakeToolChat that gives `replies`, with `tools`
+    (get_weather by default).
 
     `create_react_agent` is deprecated in favour of `langchain.agents.create_agent`, which needs
     the `langchain` package; both build the same graph of an "agent" and a "tools" node."""
@@ -55,7 +56,7 @@ def react_agent(replies: list[AIMessage], **kwargs: Any):
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
-        return create_react_agent(FakeToolChat(messages=iter(replies)), [get_weather],
+        return create_react_agent(FakeToolChat(messages=iter(replies)), tools or [get_weather],
                                   prompt="You are a weather bot.", **kwargs)
 
 

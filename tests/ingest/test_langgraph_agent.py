@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pytest
 from langchain_core.messages import AIMessage, HumanMessage
+from langchain_core.tools import ToolException, tool
 from langgraph.checkpoint.memory import InMemorySaver
 
 from pipeline.models import Conversation, LLMCall, Round, ToolCall
@@ -70,3 +71,38 @@ def test_openllmetry_langgraph_agent_shows_question_and_answer(otlp_server):
         assert _run_turns() == [ANSWER, SECOND_ANSWER]
     _assert_agent_turns()
 
+
+
+@tool
+def book_table(city: str) -> str:
+    """Book a table for tonight."""
+    raise ToolException(f"no restaurant in {city} takes bookings tonight")
+
+
+book_table.handle_tool_error = True  # the tool answers with its error instead of raising
+
+
+@pytest.mark.parametrize("instrumentation", ["openinference", "openllmetry"])
+def test_a_tool_error_the_agent_handled_is_a_failed_tool_call(otlp_server, instrumentation):
+    """The tool handles its own error (`handle_tool_error`): LangChain answers the model with a
+    ToolMessage whose status is "error"; neither instrumentation marks the tool's span as failed, so the
+    ToolMessage in its output is the only sign."""
+    if instrumentation == "openinference":
+        from openinference.instrumentation.langchain import LangChainInstrumentor as Instrumentor
+    else:
+        from opentelemetry.instrumentation.langchain import LangchainInstrumentor as Instrumentor
+    agent = react_agent([
+        AIMessage(content="", tool_calls=[{"id": "call_book1", "name": "book_table", "args": {"city": "Paris"}}]),
+        AIMessage(content="Sorry, nothing is free tonight."),
+    ], tools=[book_table])
+
+    with instrumented(Instrumentor(), otlp_server, make_key()):
+        agent.invoke({"messages": [HumanMessage("Book me a table in Paris")]},
+                     config={"configurable": {"thread_id": "thread-9"}})
+
+    failed = ToolCall.objects.get(tool_name="book_table")
+    assert (failed.tool_call_id, failed.success, failed.status) == ("call_book1", False, "error")
+    assert "no restaurant in Paris takes bookings tonight" in failed.observation
+    assert failed.error_message == failed.observation
+    conversation = Conversation.objects.get(external_id="thread-9")
+    assert conversation.error_count == 1

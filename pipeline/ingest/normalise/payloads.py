@@ -23,18 +23,19 @@ def _is_callback_payload(value: Any) -> bool:
     return isinstance(value, dict) and ("inputs" in value or "input_str" in value)
 
 
-def unwrap_langchain(value: Any) -> Any:
-    """The content of a LangChain-serialised message or tool output, else the value itself."""
+def _tool_message(value: Any) -> dict[str, Any] | None:
+    """The fields of a LangChain-serialised message or tool output (a ToolMessage's content,
+    tool_call_id, status), else None."""
     if isinstance(value, dict):
         if "output" in value and len(value) <= 2:  # {"output": <ToolMessage>, "kwargs": ...}
-            return unwrap_langchain(value["output"])
+            return _tool_message(value["output"])
         if value.get("lc") == 1 and isinstance(value.get("kwargs"), dict):  # {"lc":1,"type":"constructor",...}
-            return value["kwargs"].get("content", value["kwargs"])
+            return value["kwargs"]
         if value.get("type") == "tool" and isinstance(value.get("data"), dict):  # OpenInference ToolMessage
-            return value["data"].get("content", value["data"])
+            return value["data"]
         if value.get("type") == "tool" and "content" in value:
-            return value["content"]
-    return value
+            return value
+    return None
 
 
 def tool_call_id_from_payloads(attrs: dict[str, Any]) -> str:
@@ -75,12 +76,19 @@ def tool_arguments(attrs: dict[str, Any]) -> Any:
     return {}
 
 
-def tool_observation(attrs: dict[str, Any]) -> str:
+def tool_output(attrs: dict[str, Any]) -> tuple[str, bool]:
+    """(observation, failed): the tool's result, and whether the ToolMessage that carried it says
+    `status: "error"` (what LangGraph's ToolNode returns for a tool error it handled; neither
+    OpenInference nor OpenLLMetry marks the span itself as failed then)."""
     for key in ("gen_ai.tool.call.result", "output.value", "traceloop.entity.output"):
         value = attrs.get(key)
         if present(value):
-            return to_text(unwrap_langchain(parse_json(value)))
-    return ""
+            parsed = parse_json(value)
+            message = _tool_message(parsed)
+            if message is None:
+                return to_text(parsed), False
+            return to_text(message.get("content", message)), message.get("status") == "error"
+    return "", False
 
 
 TURN_TEXT_KEYS = ("input", "question", "query", "output", "answer")

@@ -22,7 +22,7 @@ from pipeline.ingest.normalise.digest import message_digest
 from pipeline.ingest.normalise.payloads import (
     tool_arguments,
     tool_call_id_from_payloads,
-    tool_observation,
+    tool_output,
     turn_input,
     turn_output,
 )
@@ -51,6 +51,7 @@ MODEL_KEYS = ("gen_ai.request.model", "gen_ai.response.model", "llm.model_name",
 
 MAX_KEY = 255  # Conversation.external_id and Round.round_key
 KEY_HASH = 32  # hex characters of sha256 that stand for the cut part
+MAX_RESULT_ERROR_CHARS = 2000  # of a failed tool's result taken as its error message
 
 
 def bounded_key(key: str) -> str:
@@ -280,14 +281,15 @@ def llm_fields(record: SpanRecord) -> dict[str, Any]:
     return fields
 
 
-def tool_fields(record: SpanRecord) -> dict[str, Any]:
+def tool_fields(record: SpanRecord) -> tuple[dict[str, Any], bool]:
+    """The tool call's fields, and whether its result says the tool failed (`tool_output`)."""
     attrs = record.attributes
     name = first_str(attrs, "gen_ai.tool.name", sc.SEED_TOOL_NAME)
     if not name and attrs.get("traceloop.span.kind") == "tool":
         name = first_str(attrs, "traceloop.entity.name")
     if not name:  # `execute_tool x` (GenAI), `x.tool` (OpenLLMetry), `tool.x` (the design documents)
         name = record.name.removeprefix("execute_tool ").removesuffix(".tool").removeprefix(sc.SEED_TOOL_SPAN_PREFIX)
-    observation = tool_observation(attrs)
+    observation, failed = tool_output(attrs)
     observation_tokens = first_count(attrs, sc.TOOL_OBSERVATION_TOKENS, sc.SEED_TOOL_OUTPUT_TOKENS)
     return {
         "tool_name": name[:255],
@@ -304,7 +306,7 @@ def tool_fields(record: SpanRecord) -> dict[str, Any]:
         "tokens_approximate": observation_tokens is not None and attrs.get(sc.TOKENS_APPROXIMATE) is True,
         "tokens_reported": observation_tokens is not None,
         "tokens_pending": observation_tokens is None and bool(observation),
-    }
+    }, failed
 
 
 def compression_fields(record: SpanRecord) -> dict[str, Any]:
@@ -423,7 +425,10 @@ def normalise(record: SpanRecord) -> NormalisedSpan:
     if kind == LLM:
         span.llm = llm_fields(record)
     elif kind == TOOL:
-        span.tool = tool_fields(record)
+        span.tool, failed = tool_fields(record)
+        if failed:  # the result reports the error: it is the message, when the span gives none
+            span.status = "error"
+            span.error_message = span.error_message or span.tool["observation"][:MAX_RESULT_ERROR_CHARS]
         span.error_type = canonical_error_type(span.error_type)  # ctxlens's earlier names → the documents'
         measured = _duration_ms(attrs.get(sc.SEED_TOOL_DURATION_MS))
         if measured is not None:  # the tool's own measure (the design documents' ToolMetrics.duration_ms)
