@@ -246,7 +246,8 @@ def _store(
         update_rows(Round, links.fill_final_answers(rounds.values(), stated), ["final_answer"])
         folded -= round_ids  # those of the batch's rounds were read whole and relinked above
         if folded:  # rounds that took a placeholder's rows but have no span in the batch
-            pending = relink_stored(folded, Round.objects.filter(id__in=folded).only("id", "final_answer")) or pending
+            to_relink = Round.objects.filter(id__in=folded).only("id", "final_answer", "user_message")
+            pending = relink_stored(folded, to_relink) or pending
             tool_context.update_for_rounds(folded)
             round_ids |= folded
             recount |= folded
@@ -270,7 +271,7 @@ def _store(
     if relogged:
         logged_rounds, logged_conversations = apply_logs(relogged)
         if logged_rounds:
-            to_relink = Round.objects.filter(id__in=logged_rounds).only("id", "final_answer")
+            to_relink = Round.objects.filter(id__in=logged_rounds).only("id", "final_answer", "user_message")
             pending = relink_stored(logged_rounds, to_relink) or pending
             tool_context.update_for_rounds(logged_rounds)
         round_ids |= logged_rounds
