@@ -421,6 +421,17 @@ def test_it_explains_a_bad_tool_call_event(api, change, field, message):
     assert set(row_counts().values()) == {0}
 
 
+def test_a_time_before_1970_is_refused_as_such(api):
+    events = turn_events()
+    events[3]["started_at"] = "1969-12-31T23:59:59Z"
+
+    reply = api.post(URL, payload(*events), format="json")
+
+    assert reply.status_code == 400
+    assert "before 1970" in json.dumps(reply.json())
+    assert set(row_counts().values()) == {0}
+
+
 def test_context_categories_are_checked(api):
     events = turn_events()
     events[1]["context_composition"] = {"system": 1, "vibes": 2}

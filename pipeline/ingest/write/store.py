@@ -76,8 +76,10 @@ def validation_error(record: SpanRecord) -> str:
         return f"span in trace {record.trace_id}: span_id must be 8 bytes (16 hex characters), not all zero"
     if record.parent_span_id and not SPAN_ID_RE.match(record.parent_span_id):
         return f"span {record.span_id}: parent_span_id must be 8 bytes (16 hex characters)"
-    if record.start_time_unix_nano <= 0:
+    if record.start_time_unix_nano == 0:
         return f"span {record.span_id}: start time is missing"
+    if record.start_time_unix_nano < 0:  # a REST time is a date, and 1969 is one
+        return f"span {record.span_id}: time is before 1970 (the Unix epoch)"
     if max(record.start_time_unix_nano, record.end_time_unix_nano) > INT64_MAX:  # found by fuzzing
         return f"span {record.span_id}: time is past the year 2262 (more than 2**63 - 1 nanoseconds)"
     if max(record.start_time_unix_nano, record.end_time_unix_nano) > time.time_ns() + MAX_AHEAD_NS:
