@@ -1,9 +1,18 @@
 """OTLP/gRPC ingest: TraceService/Export on its own port (4317 by default).
 
-The same way in as POST /v1/traces: `pipeline.ingest.service.ingest` checks the caller (an
-ApiKey with the ingest scope, sent as `authorization: Bearer <key>` metadata), its rate, the
-size, decodes and stores the body (one transaction per request, idempotent on trace and span
-id). This module only translates the outcome into gRPC, with the service's messages.
+The same way in as POST /v1/traces: `pipeline.ingest.service.admit` checks the caller (an
+ApiKey with the ingest scope, sent as `authorization: Bearer <key>` metadata) and its rate
+budget from the metadata, before the request message is received; then
+`pipeline.ingest.service.ingest(..., key=key)` checks the size, decodes and stores the body
+(one transaction per request, idempotent on trace and span id). This module only translates
+the outcome into gRPC, with the service's messages.
+
+Export is a unary RPC, but it is registered here as request-streaming: grpcio's sync server
+receives (and inflates, when compressed) a unary handler's message before the handler runs,
+interceptors included, while a streaming handler's message is received only when the handler
+asks for it. So a request without a valid key is refused without its message ever being
+inflated (a few KB of gzip can inflate to CTXLENS_MAX_INGEST_BYTES). Nothing on the wire tells
+the two apart: unary clients (every OTLP exporter) call it as before.
 
 Status codes follow the OTLP spec so exporters retry what is worth retrying: UNAUTHENTICATED
 and PERMISSION_DENIED for keys, INVALID_ARGUMENT for bodies that cannot be decoded,
@@ -15,6 +24,7 @@ fault of the server's own, and a partial_success for spans refused one by one.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
 from concurrent import futures
 
 import grpc
@@ -69,12 +79,10 @@ def authorization(metadata: tuple[tuple[str, str | bytes], ...]) -> str | None:
 class TraceIngest:
     """The TraceService/Export handler. Requests arrive as raw bytes and are decoded once."""
 
-    def export(self, body: bytes, context: grpc.ServicerContext) -> ExportTraceServiceResponse:
+    def export(self, requests: Iterator[bytes], context: grpc.ServicerContext) -> ExportTraceServiceResponse:
         close_old_connections()
         try:
-            outcome = service.ingest(IngestRequest(
-                source="grpc", body=body, authorization=authorization(tuple(context.invocation_metadata()))
-            ))
+            outcome = self._ingest(requests, context)
         finally:
             close_old_connections()
         if isinstance(outcome, Failed):
@@ -85,6 +93,18 @@ class TraceIngest:
             return ExportTraceServiceResponse(partial_success=ExportTracePartialSuccess(
                 rejected_spans=outcome.rejected, error_message=outcome.message))
         return ExportTraceServiceResponse()
+
+    @staticmethod
+    def _ingest(requests: Iterator[bytes], context: grpc.ServicerContext) -> service.Outcome:
+        """The key and its rate budget from the metadata, then (only if they pass) the message."""
+        header = authorization(tuple(context.invocation_metadata()))
+        key = service.admit(header)
+        if isinstance(key, Failed):
+            return key  # the message is never received, so never inflated
+        body = next(requests, None)  # the one message of a unary call; grpcio receives it now
+        if body is None:  # what grpcio answers a unary method called without a message
+            context.abort(grpc.StatusCode.UNIMPLEMENTED, f'"/{SERVICE}/Export" requires exactly one request message.')
+        return service.ingest(IngestRequest(source="grpc", body=body, authorization=header), key=key)
 
 
 def build_server(
@@ -107,7 +127,9 @@ def build_server(
     handler = grpc.method_handlers_generic_handler(
         SERVICE,
         {
-            "Export": grpc.unary_unary_rpc_method_handler(
+            # Request-streaming so that the key is checked before the message is received (module
+            # docstring); unary clients see a unary method.
+            "Export": grpc.stream_unary_rpc_method_handler(
                 TraceIngest().export,
                 request_deserializer=None,  # raw bytes: decode_traces_protobuf parses them once
                 response_serializer=ExportTraceServiceResponse.SerializeToString,
