@@ -23,19 +23,36 @@ def _is_callback_payload(value: Any) -> bool:
     return isinstance(value, dict) and ("inputs" in value or "input_str" in value)
 
 
-def _tool_message(value: Any) -> dict[str, Any] | None:
-    """The fields of a LangChain-serialised message or tool output (a ToolMessage's content,
-    tool_call_id, status), else None."""
+def unwrap_langchain(value: Any) -> Any:
+    """The content of a LangChain-serialised message or tool output, else the value itself."""
     if isinstance(value, dict):
-        if "output" in value and len(value) <= 2:  # {"output": <ToolMessage>, "kwargs": ...}
-            return _tool_message(value["output"])
+        if "output" in value and len(value) <= 2:  # {"output": <ToolMessage or value>, "kwargs": ...}
+            return unwrap_langchain(value["output"])
         if value.get("lc") == 1 and isinstance(value.get("kwargs"), dict):  # {"lc":1,"type":"constructor",...}
-            return value["kwargs"]
+            return value["kwargs"].get("content", value["kwargs"])
         if value.get("type") == "tool" and isinstance(value.get("data"), dict):  # OpenInference ToolMessage
-            return value["data"]
+            return value["data"].get("content", value["data"])
         if value.get("type") == "tool" and "content" in value:
-            return value
-    return None
+            return value["content"]
+    return value
+
+
+def _failed_tool_message(value: Any) -> bool:
+    """Whether a tool output is a LangChain ToolMessage (it names its tool call) whose status is
+    "error", as OpenLLMetry (lc-serialised, in an {"output": ...} wrapper) or OpenInference
+    ({"type": "tool", "data": ...}) record it."""
+    if isinstance(value, dict) and "output" in value and len(value) <= 2:
+        value = value["output"]
+    if not isinstance(value, dict):
+        return False
+    names = value.get("id")
+    if value.get("lc") == 1 and isinstance(names, list) and names[-1:] == ["ToolMessage"]:
+        message = value.get("kwargs")
+    elif value.get("type") == "tool":
+        message = value.get("data", value)
+    else:
+        return False
+    return isinstance(message, dict) and "tool_call_id" in message and message.get("status") == "error"
 
 
 def tool_call_id_from_payloads(attrs: dict[str, Any]) -> str:
@@ -84,10 +101,7 @@ def tool_output(attrs: dict[str, Any]) -> tuple[str, bool]:
         value = attrs.get(key)
         if present(value):
             parsed = parse_json(value)
-            message = _tool_message(parsed)
-            if message is None:
-                return to_text(parsed), False
-            return to_text(message.get("content", message)), message.get("status") == "error"
+            return to_text(unwrap_langchain(parsed)), _failed_tool_message(parsed)
     return "", False
 
 
