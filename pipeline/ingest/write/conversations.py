@@ -235,6 +235,7 @@ def merge_conversation(placeholder_id: int, into: Conversation) -> set[int]:
             folded.add(taken[key])
             for model in (LLMCall, ToolCall, CompressionEvent, SkillActivation, ToolRequest):
                 sql.execute(f"UPDATE {sql.table(model)} SET round_id = %s WHERE round_id = %s", [taken[key], round_id])
+            _carry_texts(round_id, taken[key])
             sql.execute(f"DELETE FROM {sql.table(Round)} WHERE id = %s", [round_id])
     for model in CONVERSATION_ROWS:
         sql.execute(f"UPDATE {sql.table(model)} SET conversation_id = %s WHERE conversation_id = %s",
@@ -251,6 +252,14 @@ def merge_conversation(placeholder_id: int, into: Conversation) -> set[int]:
         into.title, into.title_explicit = placeholder.title, True
     sql.update_rows(Conversation, [into], CONVERSATION_WIDENED)
     return folded
+
+
+def _carry_texts(placeholder_round: int, into_round: int) -> None:
+    """A folded round's user message and final answer go to the round it is folded into, where that has none."""
+    r = sql.table(Round)
+    for column in ("user_message", "final_answer"):
+        sql.execute(f"UPDATE {r} SET {sql.quote(column)} = (SELECT p.{sql.quote(column)} FROM {r} p WHERE p.id = %s) "
+                    f"WHERE id = %s AND {sql.quote(column)} = %s", [placeholder_round, into_round, ""])
 
 
 def _rounds_by_key(keys: list[tuple[int, str]]) -> dict[tuple[int, str], Round]:
@@ -298,6 +307,23 @@ def resolve_rounds(
             changed.append(round_)
     sql.update_rows(Round, sorted(changed, key=lambda r: r.id), ROUND_WIDENED)
     return existing, created
+
+
+def fill_user_messages(round_ids: set[int]) -> None:
+    """Rounds still without a user message take the last user text of their earliest LLM call's
+    input, as a batch takes it from its spans (`_widen_round`), once that call holds it: its
+    messages arrived as event logs, or a fold or a later batch brought the call in."""
+    r, c = sql.table(Round), sql.table(LLMCall)
+    changed = []
+    for chunk in sql.chunked(sorted(round_ids)):
+        earliest = sql.fetch(
+            f"SELECT x.round_id, x.input_messages FROM {c} x WHERE x.id IN (SELECT (SELECT y.id FROM {c} y "
+            f"WHERE y.round_id = r.id ORDER BY y.started_at, y.id LIMIT 1) FROM {r} r "
+            f"WHERE r.id IN ({sql.marks(chunk)}) AND r.user_message = %s)", [*chunk, ""])
+        for call in sql.instances(LLMCall, ["round_id", "input_messages"], earliest):
+            if text := last_text(call.input_messages or [], "user"):
+                changed.append(Round(id=call.round_id, user_message=text))
+    sql.update_rows(Round, sorted(changed, key=lambda r: r.id), ["user_message"])
 
 
 def _widen_round(round_: Round, group: list[NormalisedSpan]) -> None:

@@ -439,24 +439,5 @@ def relink_stored(round_ids: set[int], rounds: Iterable[Round]) -> bool:
     rows.number_steps()
     rows.link_tools()
     rows.save_changes()
-    rounds = list(rounds)
     update_rows(Round, rows.fill_final_answers(rounds), ["final_answer"])
-    update_rows(Round, fill_user_messages(rounds), ["user_message"])
     return any(tool.tokens_pending or tool.levels_pending for tool in rows.changed_tools.values())
-
-
-def fill_user_messages(rounds: Iterable[Round]) -> list[Round]:
-    """A round without a user message takes the last user text of its LLM calls' input, the
-    earliest call's that has one, as a batch does from its spans (conversations._widen_round):
-    for messages that arrived as event logs, or calls a fold brought in. The rounds changed."""
-    changed = []
-    for round_ in rounds:
-        if round_.user_message:
-            continue
-        inputs = LLMCall.objects.filter(round_id=round_.id).order_by("started_at", "id").values_list(
-            "input_messages", flat=True)
-        text = next((found for messages in inputs.iterator(chunk_size=8) if (found := last_text(messages or [], "user"))), "")
-        if text:
-            round_.user_message = text
-            changed.append(round_)
-    return changed

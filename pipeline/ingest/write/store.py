@@ -44,7 +44,12 @@ from pipeline.ingest.records import LogRecord, SpanRecord
 from pipeline.ingest.write.rows import build_rows, delete_span_rows, encode_span_json, insert_rows
 from pipeline.ingest.write.sanitise import INT64_MAX, clean_log, clean_record
 from pipeline.ingest.write.sql import update_rows
-from pipeline.ingest.write.conversations import decide_conversations, resolve_conversations, resolve_rounds
+from pipeline.ingest.write.conversations import (
+    decide_conversations,
+    fill_user_messages,
+    resolve_conversations,
+    resolve_rounds,
+)
 from pipeline.insight.finding_counts import mark_stale
 from pipeline.rollups import track as rollups
 from pipeline.models import Conversation, Round, Span, SpanLog
@@ -232,6 +237,8 @@ def _store(
     round_ids: set[int] = set()
     conversation_ids: set[int] = set()
     recount: set[int] = set()  # rounds whose stored rows changed: aggregated again, not added to
+    folded: set[int] = set()  # rounds that took a placeholder's rows
+    logged_rounds: set[int] = set()  # rounds whose calls' messages were rebuilt from event logs
     if fresh:
         conversations, created, merged, folded = resolve_conversations(fresh, decided)
         rounds, new_rounds = resolve_rounds(fresh, conversations)
@@ -246,13 +253,12 @@ def _store(
         stated = {rounds[(conversations[s.record.trace_id].id, s.round_key)].id
                   for s in fresh if s.in_round and s.final_answer}
         update_rows(Round, links.fill_final_answers(rounds.values(), stated), ["final_answer"])
-        folded -= round_ids  # those of the batch's rounds were read whole and relinked above
-        if folded:  # rounds that took a placeholder's rows but have no span in the batch
-            to_relink = Round.objects.filter(id__in=folded).only("id", "final_answer", "user_message")
-            pending = relink_stored(folded, to_relink) or pending
-            tool_context.update_for_rounds(folded)
-            round_ids |= folded
-            recount |= folded
+        unread = folded - round_ids  # the batch's rounds were read whole and relinked above
+        if unread:  # rounds that took a placeholder's rows but have no span in the batch
+            pending = relink_stored(unread, Round.objects.filter(id__in=unread).only("id", "final_answer")) or pending
+            tool_context.update_for_rounds(unread)
+            round_ids |= unread
+            recount |= unread
         tool_context.update_tool_context(
             rows["llm"], tool_context.tool_keys([*rows["tool"], *links.changed_tools.values()]),
             forced={(conversations[trace_id].id, answer) for trace_id, answer in resum},
@@ -273,12 +279,14 @@ def _store(
     if relogged:
         logged_rounds, logged_conversations = apply_logs(relogged)
         if logged_rounds:
-            to_relink = Round.objects.filter(id__in=logged_rounds).only("id", "final_answer", "user_message")
+            to_relink = Round.objects.filter(id__in=logged_rounds).only("id", "final_answer")
             pending = relink_stored(logged_rounds, to_relink) or pending
             tool_context.update_for_rounds(logged_rounds)
         round_ids |= logged_rounds
         recount |= logged_rounds
         conversation_ids |= logged_conversations
+    # rounds that may now hold a call with the user's message no span of theirs stated
+    fill_user_messages(folded | logged_rounds)
     if fresh:
         add_new_rows([c.id for c in rows["llm"] if c.round_id not in recount],
                      [t.id for t in rows["tool"] if t.round_id not in recount])

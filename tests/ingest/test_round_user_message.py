@@ -1,0 +1,55 @@
+"""A turn's user message that a placeholder's fold brings: stated by its span, or in the input of
+the turn's earliest call (a batch's own spans give it as `_widen_round` reads them)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from pipeline.ingest.records import SpanRecord
+from pipeline.ingest.write.store import store_spans
+from pipeline.models import Conversation, Round
+
+pytestmark = pytest.mark.django_db
+
+T0 = 1_763_800_000_000_000_000
+MS = 1_000_000
+QUESTION = "How warm is Lisbon?\nIn Celsius."
+
+
+def chat(trace: str, span_id: str, start: int, turn: str, conversation: str = "", question: str = "") -> SpanRecord:
+    attributes = {"gen_ai.operation.name": "chat", "gen_ai.request.model": "gpt-4o", "ctxlens.round.id": turn,
+                  "gen_ai.usage.input_tokens": 10, "gen_ai.usage.output_tokens": 5}
+    if question:
+        attributes["gen_ai.input.messages"] = json.dumps([{"role": "user", "parts": [{"type": "text",
+                                                                                     "content": question}]}])
+    if conversation:
+        attributes["gen_ai.conversation.id"] = conversation
+    return SpanRecord(trace, span_id, "chat gpt-4o", T0 + start * MS, T0 + (start + 1) * MS,
+                      parent_span_id="00000000000000a0", attributes=attributes)
+
+
+def turn_one() -> Round:
+    return Round.objects.get(conversation__external_id="conv-1", key="turn-1")
+
+
+@pytest.mark.parametrize("later_turn", ["turn-1", "turn-2"], ids=["folding span in the turn", "in another turn"])
+@pytest.mark.parametrize("how", ["stated by a span", "in the call's input"])
+def test_a_turn_takes_the_user_message_a_folded_placeholder_brings(how, later_turn):
+    """Turn 1 of conv-1 has a call without messages. Trace 2's earlier call, in turn 1 too, names
+    no conversation: a placeholder, with the user's question (stated, or in its input). A later
+    span of trace 2 (in turn 1 or 2) names conv-1, and the placeholder's turn 1 is folded into conv-1's."""
+    store_spans([chat("1" * 32, "00000000000000c2", 5, "turn-1", "conv-1")])
+    assert turn_one().user_message == ""
+    early = chat("2" * 32, "00000000000000c1", 1, "turn-1", question=QUESTION if how == "in the call's input" else "")
+    if how == "stated by a span":
+        early.attributes["ctxlens.round.user_message"] = QUESTION
+    store_spans([early])
+    assert Round.objects.get(key="turn-1", conversation__external_id="2" * 32).user_message == QUESTION
+
+    store_spans([chat("2" * 32, "00000000000000c3", 10, later_turn, "conv-1")])
+
+    assert Round.objects.filter(key="turn-1").count() == 1
+    assert turn_one().user_message == QUESTION
+    assert Conversation.objects.get(external_id="conv-1").title == "How warm is Lisbon?"
