@@ -16,11 +16,9 @@ from collections.abc import Collection
 
 from pipeline.ingest.write.precount import counting_key
 from pipeline.ingest.write.tool_levels import NEEDS_LEVELS, needs_levels
-from pipeline.insight.costs import price_llm_call
+from pipeline.insight.costs import PRICED_FROM, price_llm_call
 from pipeline.models import LLMCall, ToolCall
 
-PRICED_FROM = frozenset({"model", "request_model", "provider", "input_tokens", "output_tokens", "cache_read_tokens",
-                         "cache_write_tokens", "reasoning_tokens", "started_at"})
 LEVELS_FROM = frozenset({"observation", "output_level", "artifact"})
 
 
@@ -42,22 +40,23 @@ def recount_for_call(before: LLMCall, call: LLMCall) -> bool:
 
 
 def recount_for_tool(before: ToolCall, tool: ToolCall, changed: Collection[str]) -> bool:
-    """After the save: the tool's counts left to the deferred run where the edit changed what they
-    were counted from; whether any was."""
+    """Before the save (so that it writes them, and the rollups follow): the tool's counts the edit
+    made stale left to the deferred run, a count the form typed kept as reported; whether the
+    deferred run has counting to do."""
     relinked = before.llm_call_id != tool.llm_call_id and _count_otherwise(before.llm_call_id, tool.llm_call_id)
-    fields: dict[str, object] = {}
-    if "observation_tokens" not in changed:
-        if "observation" in changed:  # a count its span reported was of the result replaced
-            fields.update(tokens_pending=True, tokens_reported=False)
-        elif relinked and tool.observation and not tool.tokens_reported:
-            fields.update(tokens_pending=True)
-    if relinked or not LEVELS_FROM.isdisjoint(changed):
-        fields["levels_pending"] = needs_levels(tool)
-        if not fields["levels_pending"]:  # no full result any more: no tokens at each level
-            fields["tokens_at_level"] = None
-    if fields:
-        ToolCall.objects.filter(pk=tool.pk).update(**fields)
-    return bool(fields.get("tokens_pending") or fields.get("levels_pending"))
+    if "observation_tokens" in changed:  # the operator's count stays, through relinks too, as a span's would
+        tool.tokens_pending, tool.tokens_reported = False, True
+    elif "observation" in changed:  # a count its span reported was of the result replaced
+        tool.tokens_pending, tool.tokens_reported = bool(tool.observation), False
+        if not tool.observation:
+            tool.observation_tokens, tool.tokens_estimated, tool.tokens_approximate = 0, False, False
+    elif relinked and tool.observation and not tool.tokens_reported:
+        tool.tokens_pending = True
+    if "tokens_at_level" not in changed and (relinked or not LEVELS_FROM.isdisjoint(changed)):
+        tool.levels_pending = needs_levels(tool)
+        if not tool.levels_pending:  # no full result any more: no tokens at each level
+            tool.tokens_at_level = None
+    return tool.tokens_pending or tool.levels_pending
 
 
 def _count_otherwise(old_call: int | None, new_call: int | None) -> bool:

@@ -79,16 +79,17 @@ class FiguresFollowAdminChanges(CountsWhatCascades, DeletesStartAgainAfterDeadlo
             for field in model._meta.concrete_fields:
                 if field.name not in form.changed_data:
                     setattr(obj, field.attname, getattr(before, field.attname))
+            pending = False  # counts for the deferred run (pipeline.admin.counts)
             if model is LLMCall:
                 counts.price_edited_call(obj, form.changed_data)
+            elif model is ToolCall:
+                pending = counts.recount_for_tool(before, obj, form.changed_data)
             super().save_model(request, obj, form, change)
-            pending = False
             if model is LLMCall:  # what it carries follows its input, tokens, model and cost
                 tool_context.update_for_calls([obj.pk])
                 pending = counts.recount_for_call(before, obj)
             elif model is ToolCall:  # the carries of its id, old and new, may now be another tool call's
                 tool_context.update_tool_context((), forced=tool_context.tool_keys([before, obj]))
-                pending = counts.recount_for_tool(before, obj, form.changed_data)
             if pending:
                 transaction.on_commit(deferred.schedule)
             _recount(type(self), _round_ids([before, obj]), locked)

@@ -59,6 +59,9 @@ class PricedCall(Protocol):
     started_at: datetime | None
 
 
+PRICED_FROM = frozenset(PricedCall.__annotations__)  # what a call's cost is computed from
+
+
 def call_tokens(call: PricedCall) -> Tokens:
     def count(value: int) -> int:
         return max(0, min(int(value or 0), COUNT_MAX))

@@ -15,7 +15,9 @@ from pipeline.ingest.write.store import store_spans
 from pipeline.insight.costs import llm_call_cost
 from pipeline.insight.levels import result_data, tokens_at_levels
 from pipeline.models import LLMCall, ToolCall
+from pipeline.rollups.compact import rebuild_rollups
 from tests.admin_forms import edit_in_the_admin
+from tests.stored_rollups import rollup_rows
 
 pytestmark = pytest.mark.django_db
 
@@ -175,3 +177,46 @@ def test_a_call_given_a_model_that_counts_alike_leaves_its_tools_counts(admin_cl
     assert after.llm_call.model == "gpt-4o-mini" and not (after.tokens_pending or after.levels_pending)
     assert deferred.schedule not in scheduled
     assert (counts(after), after.tokens_at_level) == (counts(stored), stored.tokens_at_level)
+
+
+def test_the_rollups_follow_the_tokens_at_each_level_an_edit_clears(admin_client, django_capture_on_commit_callbacks):
+    stored = a_turn(**{"ctxlens.tool.output_level": "full"})
+    assert stored.tokens_at_level
+
+    edited(admin_client, stored, django_capture_on_commit_callbacks, output_level="brief")
+
+    def days() -> list[tuple]:  # the rebuild keeps minutes and hours of the recent past only
+        return [row for row in rollup_rows() if row[1] == "d"]
+
+    incremental = days()
+    rebuild_rollups()
+    assert days() == incremental
+
+
+def test_a_count_typed_while_the_tool_is_still_pending_is_kept(admin_client, django_capture_on_commit_callbacks):
+    stored = a_turn()
+    ToolCall.objects.filter(pk=stored.pk).update(tokens_pending=True)  # as a tool whose call is not in yet
+
+    after = edited(admin_client, ToolCall.objects.get(), django_capture_on_commit_callbacks, observation_tokens=42)
+
+    assert (after.observation_tokens, after.tokens_pending, after.tokens_reported) == (42, False, True)
+
+
+def test_a_tool_unlinked_from_its_call_in_the_admin_is_counted_for_no_model(
+        admin_client, django_capture_on_commit_callbacks):
+    stored = a_turn(model=CLAUDE)
+    assert counts(stored) == count_observation(OBSERVATION, CLAUDE) != count_observation(OBSERVATION, None)
+
+    after = edited(admin_client, stored, django_capture_on_commit_callbacks, llm_call="")
+
+    assert after.llm_call_id is None
+    assert counts(after) == count_observation(OBSERVATION, None)
+
+
+def test_an_observation_emptied_in_the_admin_counts_nothing(admin_client, django_capture_on_commit_callbacks):
+    stored = a_turn(**{"ctxlens.tool.output_level": "full"})
+
+    after = edited(admin_client, stored, django_capture_on_commit_callbacks, observation="")
+
+    assert (after.observation_tokens, after.tokens_pending, after.tokens_at_level, after.levels_pending) == (
+        0, False, None, False)
