@@ -7,6 +7,8 @@ from dashboard.views.health import healthz
 from pipeline.receivers.otlp_http import otlp_logs, otlp_traces
 from pipeline.receivers.otlp_metrics import otlp_metrics
 
+handler400 = "dashboard.views.errors.bad_request"
+
 urlpatterns = [
     path("healthz", healthz, name="healthz"),
     path("v1/traces", otlp_traces, name="otlp-traces"),

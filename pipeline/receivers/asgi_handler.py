@@ -17,8 +17,10 @@ Django release changes `handle` under this class.)
 
 It also answers 400, not 500, to a request whose headers Django cannot parse: a Content-Type
 parameter in an encoding no codec knows (`charset*=bogus''x`) raised ValueError while Django
-built the request, which its `create_request` lets through (it catches only bad UTF-8). The
-400 says so: in the API's JSON under /api/, in plain text elsewhere.
+built the request, which its `create_request` lets through (it catches only bad UTF-8, which
+uvicorn and daphne refuse before Django sees it). The 400 says what was wrong: in the API's JSON
+under /api/, in plain text elsewhere; so does `handler400` (dashboard.views.errors) for the rest
+Django refuses, such as a Host it does not serve.
 """
 
 from __future__ import annotations
@@ -27,10 +29,18 @@ import logging
 from typing import Any
 
 from django.core.handlers.asgi import ASGIHandler
-from django.http import HttpResponseBadRequest, JsonResponse
+from django.http import HttpResponse, HttpResponseBadRequest, JsonResponse
 
 logger = logging.getLogger("django.request")  # where Django logs the bad requests it catches itself
-UNREADABLE_HEADERS = "the request's headers cannot be read"  # as the OTLP router says it (pipeline.receivers.otlp_router)
+UNREADABLE_HEADERS = "the request's headers cannot be read"  # said by the OTLP router too
+WRONG_HOST = "the Host header names a host this server does not serve"  # said by the OTLP router too
+
+
+def bad_request(path: str, message: str) -> HttpResponse:
+    """A 400 that says what was wrong: in the API's JSON under /api/, in plain text elsewhere."""
+    if path.startswith("/api/"):  # the API's JSON error body, as DRF writes it
+        return JsonResponse({"detail": message}, status=400)
+    return HttpResponseBadRequest(message, content_type="text/plain; charset=utf-8")
 
 
 class CycleFreeASGIHandler(ASGIHandler):
@@ -40,9 +50,7 @@ class CycleFreeASGIHandler(ASGIHandler):
         except (ValueError, LookupError):
             path = scope.get("path", "")
             logger.warning("Bad Request (headers that cannot be parsed): %s", path)
-            if path.startswith("/api/"):  # the API's JSON error body, as DRF writes it
-                return None, JsonResponse({"detail": UNREADABLE_HEADERS}, status=400)
-            return None, HttpResponseBadRequest(UNREADABLE_HEADERS, content_type="text/plain; charset=utf-8")
+            return None, bad_request(path, UNREADABLE_HEADERS)
 
     async def listen_for_disconnect(self, receive: Any) -> None:
         message = await receive()

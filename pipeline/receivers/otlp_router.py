@@ -42,6 +42,7 @@ from django.core.signals import request_finished
 
 from pipeline.conf import ctxlens_config
 from pipeline.ingest import service
+from pipeline.receivers.asgi_handler import UNREADABLE_HEADERS, WRONG_HOST
 from pipeline.receivers.otlp_http import Reply, export_reply, failure_reply, off_the_loop, resume_background_work
 from pipeline.receivers.otlp_metrics import accept_metrics
 
@@ -145,9 +146,9 @@ def _host_refusal(scope: dict) -> service.Failed | None:
         ASGIRequest(scope, io.BytesIO()).get_host()
     except DisallowedHost as error:
         security_logger.error("%s", error, extra={"status_code": 400})
-        return service.Failed(service.Kind.INVALID_ARGUMENT, "the Host header names a host this server does not serve")
+        return service.Failed(service.Kind.INVALID_ARGUMENT, WRONG_HOST)
     except (ValueError, LookupError):  # e.g. a Content-Type charset no codec knows
-        return service.Failed(service.Kind.INVALID_ARGUMENT, "the request's headers cannot be read")
+        return service.Failed(service.Kind.INVALID_ARGUMENT, UNREADABLE_HEADERS)
     return None
 
 

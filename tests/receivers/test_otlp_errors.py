@@ -165,6 +165,15 @@ def test_headers_django_cannot_read_are_a_400_on_every_page(otlp_server, method,
         assert reply.text == "the request's headers cannot be read"
 
 
+@pytest.mark.parametrize(("path", "expected"), [
+    ("/api/conversations/", "application/json"), ("/conversations/", "text/plain")])
+def test_a_page_for_a_host_it_does_not_serve_is_a_400_that_says_so(otlp_server, path, expected):
+    reply = httpx.get(f"{otlp_server.url}{path}", timeout=60, headers={"Host": "page.evil.example"})
+    assert reply.status_code == 400 and reply.headers["content-type"].startswith(expected)
+    message = "the Host header names a host this server does not serve"
+    assert reply.json() == {"detail": message} if path.startswith("/api/") else reply.text == message
+
+
 def test_it_rejects_requests_without_a_key(otlp_server):
     _assert_refused(otlp_server, _request(), {"Content-Type": PROTOBUF}, 401, "missing API key")
 
