@@ -2,8 +2,9 @@
 
 A handful of queries for any number of rounds (one per kind of record), grouped in Python. The
 page shows one window of turns at a time (`turn_window`: the latest turns, about STEPS_PER_PAGE
-steps of them, or an older page), and its context chart the LLM calls of the same span of time, so the work of a page does
-not grow with the conversation.
+steps of them, or an older page; `held_window`: the one a live page holds as turns are added), and
+its context chart the LLM calls of the same span of time, so the work of a page does not grow with
+the conversation.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ CHART_CALLS = 500  # the context chart shows at most this many (the latest) LLM 
 # as many turns as the conversation's average turn fills it with, from 1 to MAX_TURNS_PER_PAGE.
 STEPS_PER_PAGE = 50
 MAX_TURNS_PER_PAGE = 20
+MAX_HELD_TURNS = 2 * MAX_TURNS_PER_PAGE  # an older page held live: its turns, and late ones between them
 
 
 @dataclass
@@ -99,6 +101,7 @@ class TurnWindow:
     rounds: list[Round]
     numbers: list[int]
     span: TimeSpan
+    moved: bool = False  # an older page held live (held_window) whose number now names other turns
 
     @property
     def total(self) -> int:
@@ -122,11 +125,24 @@ def turns_per_page(conversation: Conversation) -> int:
     return max(1, min(MAX_TURNS_PER_PAGE, STEPS_PER_PAGE * conversation.round_count // steps))
 
 
+def _after(round_: Round) -> Q:
+    """The turns after `round_` in the order the pages number them: (start, id)."""
+    return Q(started_at__gt=round_.started_at) | Q(started_at=round_.started_at, pk__gt=round_.pk)
+
+
+def _before(round_: Round) -> Q:
+    return Q(started_at__lt=round_.started_at) | Q(started_at=round_.started_at, pk__lt=round_.pk)
+
+
+def _next_start(conversation: Conversation, round_: Round) -> datetime | None:
+    """When the turn after `round_` started (None: it is the latest)."""
+    return (Round.objects.filter(_after(round_), conversation=conversation)
+            .order_by("started_at", "pk").values_list("started_at", flat=True).first())
+
+
 def page_of_round(round_: Round) -> int:
     """The page of its conversation's turns (1, the latest) that shows the round."""
-    newer = Round.objects.filter(conversation_id=round_.conversation_id).filter(
-        Q(started_at__gt=round_.started_at) | Q(started_at=round_.started_at, pk__gt=round_.pk)
-    )
+    newer = Round.objects.filter(_after(round_), conversation_id=round_.conversation_id)
     return newer.count() // turns_per_page(round_.conversation) + 1
 
 
@@ -140,13 +156,32 @@ def turn_window(conversation: Conversation, page_number: object = 1) -> TurnWind
     newest = page.paginator.count - (page.number - 1) * per_page
     numbers = list(range(newest - len(rounds) + 1, newest + 1))
     since = rounds[0].started_at if rounds and page.has_next() else None
-    until = None
-    if rounds and page.has_previous():
-        last = rounds[-1]
-        until = (Round.objects.filter(conversation=conversation)
-                 .filter(Q(started_at__gt=last.started_at) | Q(started_at=last.started_at, pk__gt=last.pk))
-                 .order_by("started_at", "pk").values_list("started_at", flat=True).first())
+    until = _next_start(conversation, rounds[-1]) if rounds and page.has_previous() else None
     return TurnWindow(page, rounds, numbers, TimeSpan(since, until))
+
+
+def held_window(conversation: Conversation, page_number: object, shown: list[int]) -> TurnWindow:
+    """The window of turns a live page holds, `shown` being the ids of the turns it lists, oldest
+    first. The latest page follows the newest turns: its window is page 1's now. An older page
+    keeps its turns, from the first to the last it lists (and any turn that arrived late between
+    them, up to MAX_HELD_TURNS), as pages are counted from the newest turn and its number names
+    turns one newer with each new turn; its `moved` says so. Its page (the pager) is still its
+    number's. When the page's first or last turn is gone, the number's window it is."""
+    current = turn_window(conversation, page_number)
+    if current.page.number == 1 or not shown or [r.pk for r in current.rounds] == shown:
+        return current
+    ends = Round.objects.filter(conversation=conversation).in_bulk({shown[0], shown[-1]})
+    first, last = ends.get(shown[0]), ends.get(shown[-1])
+    if first is None or last is None or (last.started_at, last.pk) < (first.started_at, first.pk):
+        return current
+    rounds = list(Round.objects.filter(conversation=conversation)
+                  .filter(Q(pk=first.pk) | _after(first)).filter(Q(pk=last.pk) | _before(last))
+                  .order_by("started_at", "pk")[:MAX_HELD_TURNS])
+    older = Round.objects.filter(_before(first), conversation=conversation).count()
+    numbers = list(range(older + 1, older + len(rounds) + 1))
+    span = TimeSpan(first.started_at if older else None, _next_start(conversation, rounds[-1]))
+    moved = [r.pk for r in rounds] != [r.pk for r in current.rounds]
+    return TurnWindow(current.page, rounds, numbers, span, moved=moved)
 
 
 def build_turns(conversation: Conversation, rounds: list[Round], numbers: list[int],

@@ -3,7 +3,9 @@
 The page shows one window of turns (`?page=`, 1 the latest; dashboard.timeline.turn_window; `?round=`
 redirects to the page holding that round) and, for that window, the timeline, the context chart and
 the findings; the findings' totals are the conversation's stored counts. Its live fragments take
-the same `page`, so a refresh costs what the window holds, however long the conversation.
+the same `page` and the turns the page lists (`shown`), and describe the window the page holds
+(dashboard.timeline.held_window): the latest page follows the newest turns, an older page keeps its
+turns. A refresh costs what the window holds, however long the conversation.
 """
 
 from __future__ import annotations
@@ -16,7 +18,15 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 
 from dashboard.queries import HEAVY_COMPRESSION_FIELDS
-from dashboard.timeline import TurnWindow, build_turns, context_chart, page_of_round, turn_window
+from dashboard.timeline import (
+    MAX_HELD_TURNS,
+    TurnWindow,
+    build_turns,
+    context_chart,
+    held_window,
+    page_of_round,
+    turn_window,
+)
 from dashboard.views.common import fragments, fragments_response, page
 from pipeline.insight.findings import CODES, SEVERITIES, Finding, conversation_findings
 from pipeline.models import CompressionEvent, Conversation, Round
@@ -108,26 +118,36 @@ def conversation_detail(request: HttpRequest, pk: int) -> HttpResponse:
     return render(request, "dashboard/conversation.html", context)
 
 
-def _round_ids(raw: str) -> list[int] | None:
+def _round_ids(raw: str, limit: int = MAX_FRAGMENT_ROUNDS) -> list[int] | None:
     try:
         ids = [int(part) for part in raw.split(",") if part.strip()]
     except ValueError:
         return None
-    return [i for i in ids if 0 < i <= MAX_ID][:MAX_FRAGMENT_ROUNDS]
+    return [i for i in ids if 0 < i <= MAX_ID][:limit]
+
+
+def _window_data(window: TurnWindow) -> dict:
+    """What the page needs to keep its timeline on the window the fragments describe: the turns
+    it holds (the others leave the page), the line above them, the pager's count of pages, and
+    whether an older page's number now names other turns."""
+    return {"rounds": [r.pk for r in window.rounds], "first": window.first_number, "last": window.last_number,
+            "total": window.total, "pages": window.page.paginator.num_pages, "moved": window.moved}
 
 
 @fragments
 def conversation_fragments(request: HttpRequest, pk: int) -> JsonResponse:
     """Header, compressions, findings and chart always; `?rounds=1,2` those rounds (those of the
-    window only); `?timeline=1` the whole timeline; all of them for the window `?page=` (1, the
-    latest, unless given)."""
+    window only), and with `?shown=` (the ids of the turns the page lists, oldest first) the turns
+    of the window it does not list; `?timeline=1` the whole timeline; all of them for the window of
+    `?page=` (1, the latest, unless given) that the page holds (held_window), described in `data`."""
     conversation = Conversation.objects.filter(pk=pk).first()
     if conversation is None:
         return JsonResponse({"error": "no such conversation"}, status=404)
     round_ids = _round_ids(request.GET.get("rounds", ""))
-    if round_ids is None:
-        return JsonResponse({"error": "rounds must be a comma-separated list of ids"}, status=400)
-    window = turn_window(conversation, request.GET.get("page"))
+    shown = _round_ids(request.GET.get("shown", ""), 2 * MAX_HELD_TURNS)
+    if round_ids is None or shown is None:
+        return JsonResponse({"error": "rounds and shown must be comma-separated lists of ids"}, status=400)
+    window = held_window(conversation, request.GET.get("page"), shown)
     header = _header_context(conversation, window)
     parts = {
         "conversation-header": ("dashboard/partials/conversation_header.html", header),
@@ -137,11 +157,16 @@ def conversation_fragments(request: HttpRequest, pk: int) -> JsonResponse:
     }
     if request.GET.get("timeline") == "1":
         parts["timeline"] = ("dashboard/partials/timeline.html", _timeline_context(conversation, window))
-    elif round_ids:
+    else:
         # Only turns of the window, numbered as it numbers them: a turn outside it (a new turn
-        # while an older page is shown) stays off the page.
+        # while an older page is shown) stays off the page; a turn of the window that the page
+        # does not list (the latest page moving on) joins it.
         wanted = set(round_ids)
-        shown = [(r, n) for r, n in zip(window.rounds, window.numbers, strict=True) if r.pk in wanted]
-        for turn in build_turns(conversation, [r for r, _ in shown], [n for _, n in shown]):
-            parts[turn.dom_id] = ("dashboard/partials/round.html", {"turn": turn, "conversation": conversation})
-    return fragments_response(request, parts, {"context_chart": context_chart(conversation, window.span)})
+        if "shown" in request.GET:
+            wanted |= {r.pk for r in window.rounds} - set(shown)
+        held = [(r, n) for r, n in zip(window.rounds, window.numbers, strict=True) if r.pk in wanted]
+        if held:
+            for turn in build_turns(conversation, [r for r, _ in held], [n for _, n in held]):
+                parts[turn.dom_id] = ("dashboard/partials/round.html", {"turn": turn, "conversation": conversation})
+    return fragments_response(request, parts, {"context_chart": context_chart(conversation, window.span),
+                                               "turn_window": _window_data(window)})

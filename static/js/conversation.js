@@ -33,12 +33,42 @@ function insertTurn(turn) {
   timeline.insertBefore(turn, later || null);
 }
 
+// The ids of the rounds whose turns the page lists, oldest first.
+function shownRounds() {
+  return [...document.querySelectorAll("#timeline > .turn")]
+    .map((turn) => /^round-(\d+)$/.exec(turn.id)?.[1]).filter(Boolean);
+}
+
+// Keep the timeline on the window of turns that the fragments (the chart, the findings) describe:
+// the latest page drops the turns that left it as new ones came. Returns whether the whole timeline
+// must be fetched: the pager's count of pages changed, or turns left while the page shows "outside
+// any turn" (the records of no turn in the window's span of time, which moved with them).
+function followWindow(win) {
+  const keep = new Set(win.rounds.map(String));
+  let dropped = false;
+  for (const turn of document.querySelectorAll("#timeline > .turn")) {
+    const round = /^round-(\d+)$/.exec(turn.id)?.[1];
+    if (round && !keep.has(round)) {
+      turn.remove();
+      dropped = true;
+    }
+  }
+  const line = document.getElementById("timeline-window");
+  if (line) line.textContent = `Showing turns ${win.first}–${win.last} of ${win.total}.`;
+  const moved = document.getElementById("timeline-moved");
+  if (moved) moved.hidden = !win.moved;
+  const pages = Number(document.getElementById("timeline").dataset.pages);
+  return win.pages !== pages || (dropped && document.getElementById("round-none") !== null);
+}
+
 const refresh = serialised(async () => {
   const params = new URLSearchParams();
-  // The fragments are those of the window of turns this page shows (1, the latest, unless given):
-  // its findings, its chart, and only its turns (a new turn shows on the latest page only).
+  // The fragments are those of the window of turns this page holds (1, the latest, unless given):
+  // its findings, its chart, and only its turns (a new turn shows on the latest page only). The
+  // turns it lists tell the server which: an older page keeps them as the pages move on.
   const page = new URLSearchParams(location.search).get("page");
   if (page) params.set("page", page);
+  params.set("shown", shownRounds().join(","));
   const rounds = [...pendingRounds];
   const whole = wholeTimeline || rounds.length > MAX_ROUNDS_PER_FETCH;
   pendingRounds.clear();
@@ -59,6 +89,10 @@ const refresh = serialised(async () => {
   flash(rounds.map((id) => document.getElementById(`round-${Number(id)}`)).filter(Boolean));
   updateContextChart(chart, json.data.context_chart);
   labelToggle();
+  if (followWindow(json.data.turn_window)) {
+    wholeTimeline = true;
+    refresh();
+  }
 });
 
 liveSocket(`/ws/conversations/${Number(script.dataset.conversation)}/`, {

@@ -255,9 +255,104 @@ def test_a_new_turn_appears_live_on_the_latest_page_only(live_uvicorn, page, ali
     send_turn(live_uvicorn, ingest_key(), "conv-pages-live", tool="get_weather", observation="Rain, 9 °C",
               user_message="And in Bergen?")
     expect(page.locator(".turn").filter(has_text="And in Bergen?")).to_be_visible(timeout=8000)
-    expect(page.locator(".turn h3")).to_have_text(["Turn 2", "Turn 3"])
-    # The older page refreshed its header, and kept its one turn.
+    # One turn a page: the new turn takes turn 2's place, as a reload would show.
+    expect(page.locator(".turn h3")).to_have_text(["Turn 3"])
+    expect(page.locator(".pager").first).to_contain_text("Page 1 of 3")
+    # The older page refreshed its header, and kept its one turn, though page 2 is turn 2's now.
     expect(older.locator('#conversation-header [data-stat="rounds"]')).to_have_text("3", timeout=8000)
     expect(older.locator(".turn h3")).to_have_text(["Turn 1"])
+    expect(older.locator("#timeline-moved")).to_be_visible()
     assert page.evaluate("window.__not_reloaded") and older.evaluate("window.__not_reloaded")
     older.close()
+
+
+# The timeline and the context chart of the page: the turns listed, the LLM calls they list, and
+# the LLM calls the chart has a bar for (a click on one scrolls to its step).
+TIMELINE_AND_CHART = """(() => ({
+  turns: [...document.querySelectorAll('#timeline > .turn h3')].map((h) => h.textContent),
+  calls: [...document.querySelectorAll('#timeline .step-llm')].map((step) => Number(step.id.slice(4))),
+  charted: Chart.getChart('context-chart').$ctx.ids,
+}))()"""
+AGREE = f"(({TIMELINE_AND_CHART})).calls.join() === (({TIMELINE_AND_CHART})).charted.join()"
+
+
+def _forty_turns(server, external_id: str) -> None:
+    """40 turns of 3 steps each (an LLM call and two tools) over OTLP: pages of 16, 16 and 8 turns,
+    counted from the newest."""
+    exporter = OTLPSpanExporter(endpoint=f"{server.url}/v1/traces", headers={"Authorization": f"Bearer {ingest_key()}"})
+    assert exporter.export(record_turns(external_id, turns=40)) is SpanExportResult.SUCCESS
+    exporter.shutdown()
+
+
+def _open_then_add_a_turn(server, page, external_id: str, query: str) -> dict:
+    """The conversation open at `query`, live; one more turn ingested; the page once it has it (and
+    has had a few seconds to bring its timeline and chart into agreement)."""
+    _forty_turns(server, external_id)
+    conversation = Conversation.objects.get(external_id=external_id)
+    log_in(page, server)
+    page.goto(f"{server.url}/conversations/{conversation.pk}/{query}")
+    wait_live(page)
+    page.wait_for_load_state("networkidle")
+    before = page.evaluate(TIMELINE_AND_CHART)
+    assert len(before["turns"]) == 16 and before["calls"] == before["charted"]
+    page.evaluate("window.__not_reloaded = true")
+
+    send_turn(server, ingest_key(), external_id, tool="get_weather", observation="Rain, 9 °C",
+              user_message="And in Bergen?")
+    expect(page.locator('#conversation-header [data-stat="rounds"]')).to_have_text("41", timeout=8000)
+    try:
+        wait_until_true(page, AGREE, timeout_ms=3000)
+    except AssertionError:
+        pass  # the assertions below say how they differ
+    assert page.evaluate("window.__not_reloaded")
+    return page.evaluate(TIMELINE_AND_CHART)
+
+
+def test_the_latest_page_follows_a_new_turn_in_its_timeline_and_its_chart_alike(live_uvicorn, page, alice):
+    live = _open_then_add_a_turn(live_uvicorn, page, "conv-live-latest", "")
+
+    # The new turn joined, the oldest left: the timeline and the chart both show turns 26–41.
+    assert live["calls"] == live["charted"]
+    assert live["turns"] == [f"Turn {n}" for n in range(26, 42)]
+    expect(page.locator(".turn").last).to_contain_text("And in Bergen?")
+    expect(page.locator("#timeline-window")).to_have_text("Showing turns 26–41 of 41.")
+    # As a reload shows them.
+    page.reload()
+    page.wait_for_load_state("networkidle")
+    assert page.evaluate(TIMELINE_AND_CHART) == live
+
+
+def test_an_older_page_keeps_its_turns_in_its_timeline_and_its_chart_as_new_turns_come(live_uvicorn, page, alice):
+    live = _open_then_add_a_turn(live_uvicorn, page, "conv-live-older", "?page=2")
+
+    # Page 2 now names turns 10–25; the page keeps turns 9–24, its chart as well, and says why.
+    assert live["calls"] == live["charted"]
+    assert live["turns"] == [f"Turn {n}" for n in range(9, 25)]
+    expect(page.locator("#timeline-window")).to_have_text("Showing turns 9–24 of 41.")
+    expect(page.locator("#timeline-moved")).to_be_visible()
+    expect(page.locator(".turn").filter(has_text="And in Bergen?")).to_have_count(0)
+    # Every bar's step is on the page: a click on it has somewhere to scroll to.
+    assert page.evaluate("Chart.getChart('context-chart').$ctx.ids.every((id) => document.getElementById(`llm-${id}`))")
+
+
+def test_the_latest_page_drops_the_records_of_no_turn_that_left_with_its_oldest_turn(live_uvicorn, page, alice):
+    # One turn a page; an LLM call of no turn after turn 2 started, on page 1 with it.
+    demo = _one_turn_a_page(2, "conv-pages-unassigned")
+    stray = make_llm_call(demo.conversation, None, demo.rounds[-1].started_at + timedelta(seconds=10))
+    log_in(page, live_uvicorn)
+    page.goto(f"{live_uvicorn.url}/conversations/{demo.conversation.pk}/")
+    wait_live(page)
+    page.wait_for_load_state("networkidle")
+    expect(page.locator("#round-none")).to_have_count(1)
+    assert stray.pk in page.evaluate(TIMELINE_AND_CHART)["charted"]
+
+    send_turn(live_uvicorn, ingest_key(), "conv-pages-unassigned", tool="get_weather", observation="Rain, 9 °C",
+              user_message="And in Bergen?")
+    expect(page.locator(".turn h3")).to_have_text(["Turn 3"], timeout=8000)
+    expect(page.locator("#round-none")).to_have_count(0)
+    wait_until_true(page, AGREE, timeout_ms=3000)
+    live = page.evaluate(TIMELINE_AND_CHART)
+    assert stray.pk not in live["charted"]
+    page.reload()
+    page.wait_for_load_state("networkidle")
+    assert page.evaluate(TIMELINE_AND_CHART) == live
