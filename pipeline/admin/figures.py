@@ -12,7 +12,7 @@ from django.db.models import Model, QuerySet
 from django.db.models.deletion import Collector
 from django.http import HttpRequest, HttpResponse
 
-from pipeline.admin import counts
+from pipeline.admin.counts import price_edited_call, recount_for_call, recount_for_tool
 from pipeline.admin.pages import CountsWhatCascades, DeletesStartAgainAfterDeadlock
 from pipeline.ingest.write import deferred, sql, tool_context
 from pipeline.ingest.write.counters import recompute_counters
@@ -81,13 +81,13 @@ class FiguresFollowAdminChanges(CountsWhatCascades, DeletesStartAgainAfterDeadlo
                     setattr(obj, field.attname, getattr(before, field.attname))
             pending = False  # counts for the deferred run (pipeline.admin.counts)
             if model is LLMCall:
-                counts.price_edited_call(obj, form.changed_data)
+                price_edited_call(obj, form.changed_data)
             elif model is ToolCall:
-                pending = counts.recount_for_tool(before, obj, form.changed_data)
+                pending = recount_for_tool(before, obj, form.changed_data)
             super().save_model(request, obj, form, change)
             if model is LLMCall:  # what it carries follows its input, tokens, model and cost
                 tool_context.update_for_calls([obj.pk])
-                pending = counts.recount_for_call(before, obj)
+                pending = recount_for_call(before, obj)
             elif model is ToolCall:  # the carries of its id, old and new, may now be another tool call's
                 tool_context.update_tool_context((), forced=tool_context.tool_keys([before, obj]))
             if pending:
