@@ -1,5 +1,5 @@
-"""A turn's user message that a placeholder's fold brings: stated by its span, or in the input of
-the turn's earliest call (a batch's own spans give it as `_widen_round` reads them)."""
+"""A turn's user message and final answer that a placeholder's fold brings: stated by its span, or
+in the input of the turn's earliest call (a batch's own spans give them as `_widen_round` reads them)."""
 
 from __future__ import annotations
 
@@ -18,9 +18,13 @@ MS = 1_000_000
 QUESTION = "How warm is Lisbon?\nIn Celsius."
 
 
-def chat(trace: str, span_id: str, start: int, turn: str, conversation: str = "", question: str = "") -> SpanRecord:
+def chat(trace: str, span_id: str, start: int, turn: str, conversation: str = "", question: str = "",
+         answer: str = "") -> SpanRecord:
     attributes = {"gen_ai.operation.name": "chat", "gen_ai.request.model": "gpt-4o", "ctxlens.round.id": turn,
                   "gen_ai.usage.input_tokens": 10, "gen_ai.usage.output_tokens": 5}
+    if answer:
+        attributes["gen_ai.output.messages"] = json.dumps([{"role": "assistant", "parts": [{"type": "text",
+                                                                                         "content": answer}]}])
     if question:
         attributes["gen_ai.input.messages"] = json.dumps([{"role": "user", "parts": [{"type": "text",
                                                                                      "content": question}]}])
@@ -53,3 +57,32 @@ def test_a_turn_takes_the_user_message_a_folded_placeholder_brings(how, later_tu
     assert Round.objects.filter(key="turn-1").count() == 1
     assert turn_one().user_message == QUESTION
     assert Conversation.objects.get(external_id="conv-1").title == "How warm is Lisbon?"
+
+
+
+@pytest.mark.parametrize("later_turn", ["turn-1", "turn-2"], ids=["folding span in the turn", "in another turn"])
+def test_a_fold_keeps_the_texts_that_would_have_won_had_the_spans_come_together(later_turn):
+    """conv-1's turn 1 has a later call, with a follow-up question and an answer of its own (the
+    turn's fallback answer). The placeholder's turn 1 started first, with the first question, and
+    a span stating the turn's answer: both win over conv-1's, as in one batch."""
+    store_spans([chat("1" * 32, "00000000000000c2", 5, "turn-1", "conv-1", question="Later follow-up",
+                      answer="Looking it up")])
+    assert (turn_one().user_message, turn_one().final_answer) == ("Later follow-up", "Looking it up")
+    stating = chat("2" * 32, "00000000000000c1", 1, "turn-1", question=QUESTION)
+    stating.attributes["ctxlens.round.final_answer"] = "It is 21 degrees."
+    store_spans([stating])
+
+    store_spans([chat("2" * 32, "00000000000000c3", 10, later_turn, "conv-1")])
+
+    assert (turn_one().user_message, turn_one().final_answer) == (QUESTION, "It is 21 degrees.")
+
+
+def test_a_fold_leaves_a_stated_answer_of_the_turn_it_joins():
+    stated = chat("1" * 32, "00000000000000c2", 5, "turn-1", "conv-1", question="Later follow-up")
+    stated.attributes["ctxlens.round.final_answer"] = "The stated answer."
+    store_spans([stated])
+    store_spans([chat("2" * 32, "00000000000000c1", 1, "turn-1", question=QUESTION, answer="A call's answer")])
+
+    store_spans([chat("2" * 32, "00000000000000c3", 10, "turn-2", "conv-1")])
+
+    assert turn_one().final_answer == "The stated answer."

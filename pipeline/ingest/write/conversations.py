@@ -32,6 +32,7 @@ from typing import Any
 from django.db import IntegrityError, connection
 
 from pipeline.ingest.write import sql, tool_context
+from pipeline.ingest.write.linking import round_answers
 from pipeline.ingest.normalise.messages import last_text
 from pipeline.ingest.normalise.span import NormalisedSpan
 from pipeline.models import (
@@ -233,9 +234,9 @@ def merge_conversation(placeholder_id: int, into: Conversation) -> set[int]:
     for key, round_id in sql.fetch(select_keys, [placeholder_id]):
         if key in taken:  # the same turn already started in the target: fold its rows into that round
             folded.add(taken[key])
+            _carry_texts(round_id, taken[key])  # before the rows move: the target's own answers are read
             for model in (LLMCall, ToolCall, CompressionEvent, SkillActivation, ToolRequest):
                 sql.execute(f"UPDATE {sql.table(model)} SET round_id = %s WHERE round_id = %s", [taken[key], round_id])
-            _carry_texts(round_id, taken[key])
             sql.execute(f"DELETE FROM {sql.table(Round)} WHERE id = %s", [round_id])
     for model in CONVERSATION_ROWS:
         sql.execute(f"UPDATE {sql.table(model)} SET conversation_id = %s WHERE conversation_id = %s",
@@ -255,11 +256,23 @@ def merge_conversation(placeholder_id: int, into: Conversation) -> set[int]:
 
 
 def _carry_texts(placeholder_round: int, into_round: int) -> None:
-    """A folded round's user message and final answer go to the round it is folded into, where that has none."""
-    r = sql.table(Round)
-    for column in ("user_message", "final_answer"):
-        sql.execute(f"UPDATE {r} SET {sql.quote(column)} = (SELECT p.{sql.quote(column)} FROM {r} p WHERE p.id = %s) "
-                    f"WHERE id = %s AND {sql.quote(column)} = %s", [placeholder_round, into_round, ""])
+    """Before a placeholder's round is folded into `into_round`, its texts where they would have
+    won had its spans come with the target's (`_widen_round`): its user message when it started
+    first or the target has none; its final answer when the target's is none or only one of its
+    LLM calls' answers (a fallback: `fill_final_answers` then picks the latest of them all)."""
+    columns = ["id", "started_at", "user_message", "final_answer"]
+    rows = sql.instances(Round, columns, sql.fetch(
+        f"SELECT {sql.columns(columns)} FROM {sql.table(Round)} WHERE id IN (%s, %s)", [placeholder_round, into_round]))
+    placeholder, into = (next(r for r in rows if r.id == i) for i in (placeholder_round, into_round))
+    changed = []
+    if placeholder.user_message and (not into.user_message or placeholder.started_at < into.started_at):
+        into.user_message = placeholder.user_message
+        changed.append("user_message")
+    if placeholder.final_answer and (not into.final_answer or into.final_answer in round_answers(into_round)):
+        into.final_answer = placeholder.final_answer
+        changed.append("final_answer")
+    if changed:
+        sql.update_rows(Round, [into], changed)
 
 
 def _rounds_by_key(keys: list[tuple[int, str]]) -> dict[tuple[int, str], Round]:

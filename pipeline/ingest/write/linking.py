@@ -261,6 +261,11 @@ class RoundRows:
         update_rows(ToolCall, sorted(self.changed_tools.values(), key=lambda t: t.pk), TOOL_LINK_FIELDS)
 
 
+def round_answers(round_id: int) -> set[str]:
+    """The text answers the round's own LLM calls give: what `fill_final_answers` may have stored."""
+    return {answer for call in _answering_calls(round_id, set()) if (answer := _answer(call))}
+
+
 def _answering_calls(round_id: int, loaded: set[int]) -> list[LLMCall]:
     """The round's other stored calls that may hold an answer: those that ask for no tool."""
     asks_none = f"NOT EXISTS (SELECT 1 FROM {sql.table(ToolRequest)} r WHERE r.llm_call_id = {sql.table(LLMCall)}.id)"
