@@ -170,14 +170,17 @@ def held_window(conversation: Conversation, page_number: object, shown: list[int
     current = turn_window(conversation, page_number)
     if current.page.number == 1 or not shown or [r.pk for r in current.rounds] == shown:
         return current
-    ends = Round.objects.filter(conversation=conversation).in_bulk({shown[0], shown[-1]})
+    ends = {r.pk: r for r in Round.objects.filter(conversation=conversation, pk__in={shown[0], shown[-1]}).order_by()}
     first, last = ends.get(shown[0]), ends.get(shown[-1])
     if first is None or last is None or (last.started_at, last.pk) < (first.started_at, first.pk):
         return current
-    rounds = list(Round.objects.filter(conversation=conversation)
-                  .filter(Q(pk=first.pk) | _after(first)).filter(Q(pk=last.pk) | _before(last))
+    between = Round.objects.filter(conversation=conversation, started_at__gte=first.started_at,
+                                   started_at__lte=last.started_at)  # the index's range; the ties below
+    rounds = list(between.filter(Q(pk=first.pk) | _after(first)).filter(Q(pk=last.pk) | _before(last))
                   .order_by("started_at", "pk")[:MAX_HELD_TURNS])
-    older = Round.objects.filter(_before(first), conversation=conversation).count()
+    if not rounds:  # moved or deleted since they were read
+        return current
+    older = Round.objects.filter(_before(first), conversation=conversation, started_at__lte=first.started_at).count()
     numbers = list(range(older + 1, older + len(rounds) + 1))
     span = TimeSpan(first.started_at if older else None, _next_start(conversation, rounds[-1]))
     moved = [r.pk for r in rounds] != [r.pk for r in current.rounds]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
+from typing import TypedDict
 
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
@@ -126,12 +127,22 @@ def _round_ids(raw: str, limit: int = MAX_FRAGMENT_ROUNDS) -> list[int] | None:
     return [i for i in ids if 0 < i <= MAX_ID][:limit]
 
 
-def _window_data(window: TurnWindow) -> dict:
+class WindowData(TypedDict):
     """What the page needs to keep its timeline on the window the fragments describe: the turns
     it holds (the others leave the page), the line above them, the pager's count of pages, and
-    whether an older page's number now names other turns."""
-    return {"rounds": [r.pk for r in window.rounds], "first": window.first_number, "last": window.last_number,
-            "total": window.total, "pages": window.page.paginator.num_pages, "moved": window.moved}
+    whether an older page's number now names other turns (static/js/conversation.js)."""
+
+    rounds: list[int]
+    first: int
+    last: int
+    total: int
+    pages: int
+    moved: bool
+
+
+def _window_data(window: TurnWindow) -> WindowData:
+    return WindowData(rounds=[r.pk for r in window.rounds], first=window.first_number, last=window.last_number,
+                      total=window.total, pages=window.page.paginator.num_pages, moved=window.moved)
 
 
 @fragments
