@@ -46,6 +46,8 @@ def recount_for_tool(before: ToolCall, tool: ToolCall, changed: Collection[str])
     relinked = before.llm_call_id != tool.llm_call_id and _count_otherwise(before.llm_call_id, tool.llm_call_id)
     if "observation_tokens" in changed:  # the operator's count stays, through relinks too, as a span's would
         tool.tokens_pending, tool.tokens_reported = False, True
+        tool.tokens_estimated = tool.tokens_estimated and "tokens_estimated" in changed  # exact unless said
+        tool.tokens_approximate = tool.tokens_approximate and "tokens_approximate" in changed
     elif "observation" in changed:  # a count its span reported was of the result replaced
         tool.tokens_pending, tool.tokens_reported = bool(tool.observation), False
         if not tool.observation:

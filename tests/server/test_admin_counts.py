@@ -213,10 +213,22 @@ def test_a_tool_unlinked_from_its_call_in_the_admin_is_counted_for_no_model(
     assert counts(after) == count_observation(OBSERVATION, None)
 
 
-def test_an_observation_emptied_in_the_admin_counts_nothing(admin_client, django_capture_on_commit_callbacks):
+def test_an_observation_emptied_in_the_admin_counts_nothing_at_once(admin_client, django_capture_on_commit_callbacks):
     stored = a_turn(**{"ctxlens.tool.output_level": "full"})
 
-    after = edited(admin_client, stored, django_capture_on_commit_callbacks, observation="")
+    with django_capture_on_commit_callbacks() as scheduled:
+        edit_in_the_admin(admin_client, stored, observation="")
 
+    after = ToolCall.objects.get()  # no deferred run: nothing is left for it
     assert (after.observation_tokens, after.tokens_pending, after.tokens_at_level, after.levels_pending) == (
         0, False, None, False)
+    assert deferred.schedule not in scheduled
+
+
+def test_a_typed_count_is_exact_unless_the_form_says_otherwise(admin_client, django_capture_on_commit_callbacks):
+    stored = a_turn()
+    ToolCall.objects.filter(pk=stored.pk).update(tokens_estimated=True, tokens_approximate=True)
+
+    after = edited(admin_client, ToolCall.objects.get(), django_capture_on_commit_callbacks, observation_tokens=42)
+
+    assert (after.observation_tokens, after.tokens_estimated, after.tokens_approximate) == (42, False, False)
