@@ -23,31 +23,11 @@ from pipeline.ingest.write.store import prepare_spans, store_spans
 from pipeline.insight.levels import result_data, tokens_at_levels
 from pipeline.models import LLMCall, Span, ToolCall, ToolRequest
 from pipeline.tokens.counting import MAX_EXACT_CHARS
+from tests.genai_spans import MS, ROOT, T0, chat as _chat, tool as _tool
 from tests.otlp_support import wait_for_deferred_tokens
 
 pytestmark = pytest.mark.django_db
 
-T0 = 1_763_800_000_000_000_000
-MS = 1_000_000
-ROOT = "00000000000000a0"
-
-
-def _chat(trace: str, span_id: str, start: int, model: str, requested: list[str] = ()) -> SpanRecord:
-    parts = [{"type": "tool_call", "id": i, "name": "search", "arguments": {}} for i in requested]
-    return SpanRecord(trace, span_id, f"chat {model}", T0 + start * MS, T0 + (start + 1) * MS, parent_span_id=ROOT,
-                      attributes={"gen_ai.operation.name": "chat", "gen_ai.request.model": model,
-                                  "gen_ai.usage.input_tokens": 10, "gen_ai.usage.output_tokens": 5,
-                                  "gen_ai.output.messages": json.dumps(
-                                      [{"role": "assistant", "parts": parts or [{"type": "text", "content": "ok"}]}])})
-
-
-def _tool(trace: str, span_id: str, start: int, observation: str, call_id: str = "") -> SpanRecord:
-    attrs = {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "search",
-             "gen_ai.tool.call.result": observation}
-    if call_id:
-        attrs["gen_ai.tool.call.id"] = call_id
-    return SpanRecord(trace, span_id, "execute_tool search", T0 + start * MS, T0 + (start + 1) * MS,
-                      parent_span_id=ROOT, attributes=attrs)
 
 
 def _counts(tool: ToolCall) -> tuple[int, bool, bool]:

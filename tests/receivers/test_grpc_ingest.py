@@ -17,24 +17,9 @@ from opentelemetry.sdk.trace.export import SpanExportResult
 
 from pipeline.models import ApiKey, Conversation, LLMCall, Span, ToolCall
 from tests.agent_traces import record_turns, span_count
-from tests.otlp_servers import start_grpc
 
 EXPORT = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-@pytest.fixture
-def grpc_servers(transactional_db, tmp_path):
-    started = []
-
-    def start(**env: str):
-        server = start_grpc(tmp_path, extra_env=env)
-        started.append(server)
-        return server
-
-    yield start
-    for server in started:
-        server.stop()
 
 
 @pytest.fixture

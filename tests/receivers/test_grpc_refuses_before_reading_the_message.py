@@ -18,7 +18,6 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 
 from pipeline.models import ApiKey, Span
 from pipeline.models.apikeys import Scope
-from tests.otlp_servers import start_grpc
 from tests.receivers.http_wire import memory_kib
 from tests.receivers.test_grpc_ingest import EXPORT, one_span_request, raw_export
 
@@ -26,20 +25,6 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 MiB = 1024 * 1024
 BOMB = 60 * MiB  # about 60 KB of gzip on the wire
-
-
-@pytest.fixture
-def grpc_servers(transactional_db, tmp_path):
-    started = []
-
-    def start(**env: str):
-        server = start_grpc(tmp_path, extra_env=env)
-        started.append(server)
-        return server
-
-    yield start
-    for server in started:
-        server.stop()
 
 
 def bomb(size: int) -> bytes:

@@ -3,7 +3,6 @@ the counts the edit made stale are counted again by the deferred run, for the ne
 
 from __future__ import annotations
 
-import json
 from decimal import Decimal
 
 import pytest
@@ -16,33 +15,25 @@ from pipeline.insight.costs import llm_call_cost
 from pipeline.insight.levels import result_data, tokens_at_levels
 from pipeline.models import LLMCall, ToolCall
 from pipeline.rollups.compact import rebuild_rollups
+from tests import genai_spans
 from tests.admin_forms import edit_in_the_admin
 from tests.stored_rollups import rollup_rows
 
 pytestmark = pytest.mark.django_db
 
-T0 = 1_763_800_000_000_000_000
-MS = 1_000_000
 TRACE = "5" * 32
-ROOT = "00000000000000a0"
 CLAUDE = "claude-3-5-sonnet-20241022"
 OBSERVATION = "3 hits: ctxlens, 上下文, {\"score\": 0.93}"
 
 
 def chat(span_id: str, start: int, model: str, requested: tuple[str, ...] = ()) -> SpanRecord:
-    parts = [{"type": "tool_call", "id": i, "name": "search", "arguments": {}} for i in requested]
-    return SpanRecord(TRACE, span_id, f"chat {model}", T0 + start * MS, T0 + (start + 1) * MS, parent_span_id=ROOT,
-                      attributes={"gen_ai.operation.name": "chat", "gen_ai.request.model": model,
-                                  "gen_ai.usage.input_tokens": 1000, "gen_ai.usage.output_tokens": 50,
-                                  "gen_ai.output.messages": json.dumps(
-                                      [{"role": "assistant", "parts": parts or [{"type": "text", "content": "ok"}]}])})
+    return genai_spans.chat(TRACE, span_id, start, model, requested)
 
 
 def tool(span_id: str, start: int, call_id: str, **attributes) -> SpanRecord:
-    return SpanRecord(TRACE, span_id, "execute_tool search", T0 + start * MS, T0 + (start + 1) * MS,
-                      parent_span_id=ROOT, attributes={"gen_ai.operation.name": "execute_tool",
-                                                       "gen_ai.tool.name": "search", "gen_ai.tool.call.id": call_id,
-                                                       "gen_ai.tool.call.result": OBSERVATION, **attributes})
+    span = genai_spans.tool(TRACE, span_id, start, OBSERVATION, call_id)
+    span.attributes.update(attributes)
+    return span
 
 
 def a_turn(model: str = "gpt-4o", **tool_attributes) -> ToolCall:
