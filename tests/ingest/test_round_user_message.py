@@ -1,4 +1,4 @@
-"""A turn's user message and final answer that a placeholder's fold brings: stated by its span, or
+"""A turn's user message, final answer and start that a placeholder's fold brings: stated by its span, or
 in the input of the turn's earliest call (a batch's own spans give them as `_widen_round` reads them)."""
 
 from __future__ import annotations
@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from pipeline.ingest.normalise.span import nanos_to_datetime
 from pipeline.ingest.records import SpanRecord
 from pipeline.ingest.write.store import store_spans
 from pipeline.models import Conversation, Round
@@ -75,6 +76,7 @@ def test_a_fold_keeps_the_texts_that_would_have_won_had_the_spans_come_together(
     store_spans([chat("2" * 32, "00000000000000c3", 10, later_turn, "conv-1")])
 
     assert (turn_one().user_message, turn_one().final_answer) == (QUESTION, "It is 21 degrees.")
+    assert turn_one().started_at == nanos_to_datetime(T0 + MS)  # the placeholder's call started it
 
 
 def test_a_fold_leaves_a_stated_answer_of_the_turn_it_joins():

@@ -234,7 +234,7 @@ def merge_conversation(placeholder_id: int, into: Conversation) -> set[int]:
     for key, round_id in sql.fetch(select_keys, [placeholder_id]):
         if key in taken:  # the same turn already started in the target: fold its rows into that round
             folded.add(taken[key])
-            _carry_texts(round_id, taken[key])  # before the rows move: the target's own answers are read
+            _fold_round(round_id, taken[key])  # before the rows move: the target's own answers are read
             for model in (LLMCall, ToolCall, CompressionEvent, SkillActivation, ToolRequest):
                 sql.execute(f"UPDATE {sql.table(model)} SET round_id = %s WHERE round_id = %s", [taken[key], round_id])
             sql.execute(f"DELETE FROM {sql.table(Round)} WHERE id = %s", [round_id])
@@ -255,24 +255,26 @@ def merge_conversation(placeholder_id: int, into: Conversation) -> set[int]:
     return folded
 
 
-def _carry_texts(placeholder_round: int, into_round: int) -> None:
-    """Before a placeholder's round is folded into `into_round`, its texts where they would have
-    won had its spans come with the target's (`_widen_round`): its user message when it started
-    first or the target has none; its final answer when the target's is none or only one of its
-    LLM calls' answers (a fallback: `fill_final_answers` then picks the latest of them all)."""
-    columns = ["id", "started_at", "user_message", "final_answer"]
+def _fold_round(placeholder_round: int, into_round: int) -> None:
+    """Before a placeholder's round is folded into `into_round`, what it brings that would have won
+    had its spans come with the target's (`_widen_round`): its start and end where they widen the
+    target's; its user message when it started first or the target has none; its final answer
+    when the target's is none or only one of its LLM calls' answers (a fallback:
+    `fill_final_answers` then picks the latest of them all)."""
+    columns = ["id", "started_at", "ended_at", "duration_ms", "status", "user_message", "final_answer"]
     rows = sql.instances(Round, columns, sql.fetch(
         f"SELECT {sql.columns(columns)} FROM {sql.table(Round)} WHERE id IN (%s, %s)", [placeholder_round, into_round]))
     placeholder, into = (next(r for r in rows if r.id == i) for i in (placeholder_round, into_round))
-    changed = []
     if placeholder.user_message and (not into.user_message or placeholder.started_at < into.started_at):
         into.user_message = placeholder.user_message
-        changed.append("user_message")
     if placeholder.final_answer and (not into.final_answer or into.final_answer in round_answers(into_round)):
         into.final_answer = placeholder.final_answer
-        changed.append("final_answer")
-    if changed:
-        sql.update_rows(Round, [into], changed)
+    into.started_at = min(into.started_at, placeholder.started_at)
+    if placeholder.ended_at and (into.ended_at is None or placeholder.ended_at > into.ended_at):
+        into.ended_at = placeholder.ended_at
+    if into.ended_at and into.status != Status.RUNNING:
+        into.duration_ms = (into.ended_at - into.started_at).total_seconds() * 1000
+    sql.update_rows(Round, [into], ["started_at", "ended_at", "duration_ms", "user_message", "final_answer"])
 
 
 def _rounds_by_key(keys: list[tuple[int, str]]) -> dict[tuple[int, str], Round]:
