@@ -25,6 +25,8 @@ CASES = {
     "a value in OpenLLMetry's wrapper": (
         "gen_ai.tool.call.result", {"output": "Sunny", "kwargs": {"name": "get_weather"}}, ("Sunny", False)),
     "a list in OpenLLMetry's wrapper": ("gen_ai.tool.call.result", {"output": [1, 2]}, ("[1, 2]", False)),
+    "a tool's own dict with an output": (
+        "output.value", {"output": "3 files", "exit_code": 2}, ('{"output": "3 files", "exit_code": 2}', False)),
     "a successful ToolMessage": (
         "gen_ai.tool.call.result", {"output": lc_message("ToolMessage", **{**ERROR, "status": "success"})},
         ("Error: no such city", False)),

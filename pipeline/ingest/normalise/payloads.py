@@ -19,6 +19,9 @@ from pipeline.ingest.normalise import lc_messages as lc
 from pipeline.ingest.normalise.values import dig, first, parse_json, present, to_text
 
 
+WRAPPER_KEYS = frozenset({"output", "kwargs"})  # OpenLLMetry's around a tool's output; a tool's own dict may hold more
+
+
 def _is_callback_payload(value: Any) -> bool:
     return isinstance(value, dict) and ("inputs" in value or "input_str" in value)
 
@@ -26,7 +29,7 @@ def _is_callback_payload(value: Any) -> bool:
 def unwrap_langchain(value: Any) -> Any:
     """The content of a LangChain-serialised message or tool output, else the value itself."""
     if isinstance(value, dict):
-        if "output" in value and len(value) <= 2:  # {"output": <ToolMessage or value>, "kwargs": ...}
+        if "output" in value and value.keys() <= WRAPPER_KEYS:  # {"output": <ToolMessage or value>, "kwargs": ...}
             return unwrap_langchain(value["output"])
         if value.get("lc") == 1 and isinstance(value.get("kwargs"), dict):  # {"lc":1,"type":"constructor",...}
             return value["kwargs"].get("content", value["kwargs"])
@@ -41,7 +44,7 @@ def _failed_tool_message(value: Any) -> bool:
     """Whether a tool output is a LangChain ToolMessage (it names its tool call) whose status is
     "error", as OpenLLMetry (lc-serialised, in an {"output": ...} wrapper) or OpenInference
     ({"type": "tool", "data": ...}) record it."""
-    if isinstance(value, dict) and "output" in value and len(value) <= 2:
+    if isinstance(value, dict) and "output" in value and value.keys() <= WRAPPER_KEYS:
         value = value["output"]
     if not isinstance(value, dict):
         return False
