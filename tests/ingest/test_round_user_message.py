@@ -88,3 +88,21 @@ def test_a_fold_leaves_a_stated_answer_of_the_turn_it_joins():
     store_spans([chat("2" * 32, "00000000000000c3", 10, "turn-2", "conv-1")])
 
     assert turn_one().final_answer == "The stated answer."
+
+
+
+def test_a_fold_keeps_the_status_of_the_turns_root_the_placeholder_held():
+    """The placeholder held trace 2's root, which ended with an error; conv-1's turn 1 had only a
+    call, so it was still running. No root of the turn will come again: the fold keeps the error."""
+    store_spans([chat("1" * 32, "00000000000000c2", 5, "turn-1", "conv-1")])
+    root = SpanRecord("2" * 32, "00000000000000a0", "agent run", T0, T0 + 20 * MS, status_code=2,
+                      attributes={"ctxlens.round.id": "turn-1"})
+    store_spans([root, chat("2" * 32, "00000000000000c1", 1, "turn-1")])
+    assert turn_one().status == "running"
+
+    store_spans([chat("2" * 32, "00000000000000c3", 10, "turn-2", "conv-1")])
+
+    turn = turn_one()
+    assert (turn.status, turn.started_at) == ("error", nanos_to_datetime(T0))
+    assert turn.ended_at == nanos_to_datetime(T0 + 20 * MS)
+    assert turn.duration_ms == 20.0

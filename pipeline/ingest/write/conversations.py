@@ -258,13 +258,14 @@ def merge_conversation(placeholder_id: int, into: Conversation) -> set[int]:
 def _fold_round(placeholder_round: int, into_round: int) -> None:
     """Before a placeholder's round is folded into `into_round`, what it brings that would have won
     had its spans come with the target's (`_widen_round`): its start and end where they widen the
-    target's; its user message when it started first or the target has none; its final answer
-    when the target's is none or only one of its LLM calls' answers (a fallback:
-    `fill_final_answers` then picks the latest of them all)."""
+    target's; its status when it held the turn's root, finished; its user message when it started
+    first or the target has none; its final answer when the target's is none or only one of its
+    LLM calls' answers (a fallback: `fill_final_answers` then picks the latest of them all)."""
     columns = ["id", "started_at", "ended_at", "duration_ms", "status", "user_message", "final_answer"]
     rows = sql.instances(Round, columns, sql.fetch(
         f"SELECT {sql.columns(columns)} FROM {sql.table(Round)} WHERE id IN (%s, %s)", [placeholder_round, into_round]))
-    placeholder, into = (next(r for r in rows if r.id == i) for i in (placeholder_round, into_round))
+    by_id = {r.id: r for r in rows}
+    placeholder, into = by_id[placeholder_round], by_id[into_round]
     if placeholder.user_message and (not into.user_message or placeholder.started_at < into.started_at):
         into.user_message = placeholder.user_message
     if placeholder.final_answer and (not into.final_answer or into.final_answer in round_answers(into_round)):
@@ -272,9 +273,11 @@ def _fold_round(placeholder_round: int, into_round: int) -> None:
     into.started_at = min(into.started_at, placeholder.started_at)
     if placeholder.ended_at and (into.ended_at is None or placeholder.ended_at > into.ended_at):
         into.ended_at = placeholder.ended_at
+    if placeholder.status != Status.RUNNING and (into.status == Status.RUNNING or placeholder.status == Status.ERROR):
+        into.status = placeholder.status  # the placeholder held the turn's root, finished
     if into.ended_at and into.status != Status.RUNNING:
         into.duration_ms = (into.ended_at - into.started_at).total_seconds() * 1000
-    sql.update_rows(Round, [into], ["started_at", "ended_at", "duration_ms", "user_message", "final_answer"])
+    sql.update_rows(Round, [into], ["started_at", "ended_at", "duration_ms", "status", "user_message", "final_answer"])
 
 
 def _rounds_by_key(keys: list[tuple[int, str]]) -> dict[tuple[int, str], Round]:
