@@ -330,7 +330,7 @@ def resolve_rounds(
 def fill_user_messages(round_ids: set[int]) -> None:
     """Rounds still without a user message take the last user text of their earliest LLM call's
     input, as a batch takes it from its spans (`_widen_round`), once that call holds it: its
-    messages arrived as event logs, or a fold or a later batch brought the call in."""
+    messages were rebuilt from event logs, or a fold brought the call in."""
     r, c = sql.table(Round), sql.table(LLMCall)
     changed = []
     for chunk in sql.chunked(sorted(round_ids)):
