@@ -1,11 +1,10 @@
-"""The 400 Django answers itself (`handler400`): a Host this server does not serve, a body or a
-form past Django's limits. It says what was wrong, as every other refusal does: in the API's
-JSON under /api/, in plain text elsewhere, never Django's HTML page. (Exception texts are not
-echoed: some name files.)"""
+"""The 400 Django answers itself (`handler400`), such as for a Host this server does not serve.
+It says what was wrong, as every other refusal does: in the API's JSON under /api/, in plain text
+elsewhere, never Django's HTML page. (Exception texts are not echoed: some name files.)"""
 
 from __future__ import annotations
 
-from django.core.exceptions import DisallowedHost, RequestDataTooBig, TooManyFieldsSent, TooManyFilesSent
+from django.core.exceptions import DisallowedHost
 from django.http import HttpRequest, HttpResponse
 
 from pipeline.receivers.asgi_handler import WRONG_HOST
@@ -13,10 +12,5 @@ from pipeline.receivers.asgi_handler import bad_request as bad_request_response
 
 
 def bad_request(request: HttpRequest, exception: Exception) -> HttpResponse:
-    if isinstance(exception, DisallowedHost):
-        message = WRONG_HOST
-    elif isinstance(exception, RequestDataTooBig | TooManyFieldsSent | TooManyFilesSent):
-        message = "the request holds more data, fields or files than this server accepts"
-    else:
-        message = "the request cannot be served as sent"
+    message = WRONG_HOST if isinstance(exception, DisallowedHost) else "the request cannot be served as sent"
     return bad_request_response(request.path_info, message)
