@@ -300,16 +300,12 @@ class _RollBack(Exception):
 
 
 def _store_whole(batch: Batch) -> Accepted | Rejected:
-    """REST: a request is stored whole or not at all; a running turn it ends is completed."""
-    from pipeline.ingest.write.open_spans import complete_open_spans
-
-    # Prepared (and tool observations counted) before the transaction takes SQLite's write lock;
-    # again inside it only when a stored open span was merged into a record (a round it ends).
+    """REST: a request is stored whole or not at all (a turn's start and end are made one by the
+    store, in either order: pipeline.ingest.write.open_spans)."""
+    # Prepared (and tool observations counted) before the transaction takes SQLite's write lock.
     prepared = prepare_spans(batch.spans)
     try:
         with transaction.atomic():
-            if complete_open_spans(batch.spans):
-                prepared = prepare_spans(batch.spans)
             result = store_prepared(prepared, source="rest")
             if result.rejected:
                 raise _RollBack(result)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from concurrent.futures import ThreadPoolExecutor
 import json
 from datetime import UTC, datetime
 
@@ -163,6 +164,33 @@ def test_a_round_start_shows_a_running_turn_that_round_end_completes(api):
     assert api.post(URL, payload(start), format="json").json()["stored"] == 0
     round_.refresh_from_db()
     assert round_.status == Status.OK
+
+
+def test_a_round_end_before_its_round_start_is_completed_by_it(api):
+    """The start arriving second still gives the turn its user message, start time and name."""
+    start, *calls, end = turn_events()
+    start["agent_name"] = "math-bot"
+    assert api.post(URL, payload(*calls, end), format="json").status_code == 200
+    assert Round.objects.get(key="r1").started_at == datetime(2026, 5, 1, 12, 0, 0, 100000, tzinfo=UTC)
+
+    assert api.post(URL, payload(start), format="json").json()["stored"] == 1
+
+    round_ = Round.objects.get(key="r1")
+    assert (round_.status, round_.user_message, round_.final_answer) == (Status.OK, "What is 6 x 7?", "6 x 7 = 42")
+    assert (round_.started_at, round_.duration_ms) == (datetime(2026, 5, 1, 12, 0, 0, tzinfo=UTC), pytest.approx(2000))
+    assert (round_.llm_call_count, round_.tool_call_count) == (2, 1)
+    turn_span = Span.objects.get(kind="agent")
+    assert turn_span.name == "invoke_agent math-bot"
+    assert turn_span.attributes["ctxlens.round.user_message"] == "What is 6 x 7?"
+    assert turn_span.attributes["ctxlens.round.final_answer"] == "6 x 7 = 42"
+    assert Conversation.objects.get(external_id="c1").title == "What is 6 x 7?"
+
+    # re-sending either half, or both, changes nothing
+    counts = row_counts()
+    for events in ([start], [end], [start, *calls, end]):
+        assert api.post(URL, payload(*events), format="json").json()["stored"] == 0
+    assert row_counts() == counts
+    assert Round.objects.get(key="r1").started_at == round_.started_at
 
 
 def test_a_failed_turn_is_stored_as_an_error(api):
@@ -604,3 +632,19 @@ def test_ingest_end_to_end_through_uvicorn(live_uvicorn):
     assert conversation["input_tokens"] == 1200
     tool = ToolCall.objects.get()
     assert (tool.tool_name, tool.tool_call_id, tool.observation) == ("order_status", "call_abc", "Shipped on 30 April.")
+
+
+def test_a_turn_whose_start_and_end_arrive_together_keeps_both(live_uvicorn):
+    """Each turn's round_start and round_end sent at once, in concurrent requests: whichever the
+    server stores second is merged with the first (under the trace's lock on PostgreSQL)."""
+    raw = ApiKey.generate("agent", scope=Scope.INGEST)[1]
+    turns = 24
+    halves = [payload(event) for i in range(turns) for event in turn_events(f"c{i}")[::4]]
+    with httpx.Client(base_url=live_uvicorn.url, timeout=60, headers={"Authorization": f"Bearer {raw}"}) as http, \
+            ThreadPoolExecutor(max_workers=8) as pool:
+        replies = list(pool.map(lambda body: http.post(URL, json=body), halves))
+    assert [r.status_code for r in replies] == [200] * len(halves)
+    rounds = Round.objects.filter(key="r1")
+    assert sorted(rounds.values_list("user_message", "final_answer", "status", "duration_ms").distinct()) == [
+        ("What is 6 x 7?", "6 x 7 = 42", Status.OK, 2000.0)]
+    assert rounds.count() == turns

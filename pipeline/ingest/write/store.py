@@ -5,7 +5,8 @@
 One transaction per call: all accepted spans are stored or none. Idempotent on
 (trace_id, span_id): a span already stored is counted in `duplicates` and changes nothing
 (first write wins), except that an unfinished span (end time 0, e.g. a REST round start)
-is replaced by its finished version. After the commit, `pipeline.signals.ingest_committed`
+is replaced by its finished version; a REST turn's start and end are made one, in either order
+(pipeline.ingest.write.open_spans). After the commit, `pipeline.signals.ingest_committed`
 is sent once with the IngestChanges, and token counts the spans did not carry are computed
 in the background (`pipeline.ingest.write.deferred`), as are the touched conversations' finding
 counts (`pipeline.insight.finding_counts`).
@@ -39,6 +40,7 @@ from pipeline.ingest.write.tool_levels import mark_pending
 from pipeline.ingest.write.counters import add_new_rows, recompute_counters
 from pipeline.ingest.write.linking import RoundRows, relink_stored
 from pipeline.ingest.write.logs import apply_logs, rebuilt_conversations, save_logs
+from pipeline.ingest.write.open_spans import complete_spans
 from pipeline.ingest.normalise.span import NormalisedSpan, normalise
 from pipeline.ingest.records import LogRecord, SpanRecord
 from pipeline.ingest.write.rows import build_rows, delete_span_rows, encode_span_json, insert_rows
@@ -209,7 +211,11 @@ def _store(
     logged = _logged_traces(traces, logs) if needs_logs else set()
     counts = without_logged_traces(counts, logged)
     stored = _stored_spans(spans)
-    finishing = {k for k, end in stored.items() if end == 0}
+    # a REST turn's start and end, whichever came second merged with the stored one
+    spans, completed = complete_spans(spans, stored) if source == "rest" else (spans, set())
+    finishing = {k for k, end in stored.items() if end == 0} | completed
+    if completed:  # a merged tool's result may not be the one counted up front: the deferred run counts it
+        counts = {k: c for k, c in counts.items() if k not in completed}
     fresh = [
         s for s in spans
         if (k := (s.record.trace_id, s.record.span_id)) not in stored
