@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pipeline.ingest.normalise.values import MAX_COUNT
 from pipeline.models import LLMCall
 from pipeline.semconv import CONTEXT_CATEGORIES
 
@@ -65,13 +66,15 @@ class ContextBar:
         return f"{about}{self.used:,}{scale} tokens used: {parts}"
 
 
-def _tokens(value: object) -> int:
-    return value if isinstance(value, int) and value > 0 else 0
+def category_tokens(value: object) -> int:
+    """A stored count of one category's tokens, as a count: 0..MAX_COUNT (what ingest keeps them
+    within now; rows stored before may hold any JSON)."""
+    return min(value, MAX_COUNT) if isinstance(value, int) and value > 0 else 0
 
 
 def used_by_category(composition: dict, fallback_total: int) -> dict[str, int]:
     """Tokens per used category; what the composition does not explain counts as "other"."""
-    used = {c: _tokens(composition.get(c)) for c in USED_CATEGORIES}
+    used = {c: category_tokens(composition.get(c)) for c in USED_CATEGORIES}
     explained = sum(used.values())
     if fallback_total > explained:
         used["other"] = fallback_total - explained

@@ -8,7 +8,7 @@ from django.core.paginator import Paginator
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, render
 
-from dashboard.context_bars import LABELS
+from dashboard.context_bars import LABELS, category_tokens
 from dashboard.queries import HEAVY_COMPRESSION_FIELDS
 from dashboard.views.common import page
 from dashboard.views.llm_call import MessageView, message_views
@@ -78,7 +78,7 @@ def after_messages(event: CompressionEvent) -> list[MarkedMessage]:
 def _counts(value: object) -> dict[str, int]:
     if not isinstance(value, dict):
         return {}
-    return {str(k): v for k, v in value.items() if isinstance(v, int) and k != "free"}
+    return {str(k): category_tokens(v) for k, v in value.items() if isinstance(v, int) and k != "free"}
 
 
 def category_rows(event: CompressionEvent) -> list[CategoryRow]:

@@ -11,7 +11,8 @@ from django.urls import reverse
 from django.utils import timezone
 
 from dashboard.context_bars import context_bar
-from pipeline.models import Conversation
+from pipeline.ingest.normalise.values import MAX_COUNT
+from pipeline.models import CompressionEvent, Conversation, LLMCall
 from tests.dashboard_fixtures import XSS_IMG, XSS_SCRIPT, make_conversation, make_skill, make_tool_call
 
 pytestmark = pytest.mark.django_db
@@ -381,3 +382,17 @@ def test_a_round_that_is_not_the_conversations_shows_its_latest_page(client_alic
     for raw in (str(other.rounds[0].pk), "x", str(2**64), "-1"):
         response = client_alice.get(url, {"round": raw})
         assert response.status_code == 302 and response["Location"] == url, raw
+
+
+def test_pages_show_token_counts_by_category_stored_past_what_a_count_holds(client_alice, demo):
+    """Rows stored before ingest kept these counts within 0..MAX_COUNT: a 400-digit integer (any
+    JSON number) made the bar and the compression table divide by it as a float, a 500 for good."""
+    huge = 10**400
+    call = demo.llm_calls[0]
+    LLMCall.objects.filter(pk=call.pk).update(context_composition={"user": huge, "system": 10})
+    CompressionEvent.objects.filter(pk=demo.compression.pk).update(tokens_before_by_category={"user": huge})
+    conversation = demo.conversation.pk
+    for url in [*detail_urls(demo)[:3], reverse("conversation-fragments", args=[conversation]) + "?timeline=1"]:
+        assert client_alice.get(url).status_code == 200, url
+    bar = context_bar(LLMCall.objects.get(pk=call.pk))
+    assert {s.category: s.tokens for s in bar.segments}["user"] == MAX_COUNT

@@ -494,6 +494,25 @@ def test_estimated_costs_must_name_a_strategy_and_a_non_negative_amount(api, cos
     assert set(row_counts().values()) == {0}
 
 
+@pytest.mark.parametrize(("event", "field", "value"), [
+    (0, "context_composition", {"user": 10**400}), (0, "input_tokens", 2**31), (1, "tokens_before", 2**40),
+    (1, "tokens_before_by_category", {"system": 10**400}), (1, "estimated_costs", {"truncate": 10**400}),
+])
+def test_a_count_past_what_a_column_holds_is_refused_by_name(api, event, field, value):
+    """As over OTLP such counts are kept within 0..MAX_COUNT; over REST the client is told."""
+    base = {"conversation_id": "c1", "round_id": "r1"}
+    events = [{**base, "type": "llm_call", "call_id": "l1", "model": "gpt-4o", "started_at": "2026-05-01T12:00Z",
+               "duration_ms": 5, "input_tokens": 10, "output_tokens": 1},
+              {**base, "type": "compression", "compression_id": "x", "timestamp": "2026-05-01T12:00Z",
+               "strategy": "truncate", "tokens_before": 10, "tokens_after": 5}]
+    events[event][field] = value
+
+    reply = api.post(URL, payload(*events), format="json")
+
+    assert reply.status_code == 400 and field in reply.json()["events"][str(event)]
+    assert set(row_counts().values()) == {0}
+
+
 def test_malformed_json_is_a_400(api):
     reply = api.post(URL, b'{"schema_version": "1.0", "events": [', content_type="application/json")
 

@@ -14,6 +14,7 @@ from typing import Any
 from rest_framework import serializers
 
 from pipeline import semconv as sc
+from pipeline.ingest.normalise.values import MAX_COUNT
 from pipeline.models.events import CompressionStrategy
 
 SCHEMA_MAJOR = 1
@@ -42,7 +43,8 @@ def duration(**kwargs: Any) -> serializers.FloatField:
 
 
 def count(**kwargs: Any) -> serializers.IntegerField:
-    return serializers.IntegerField(min_value=0, required=False, **kwargs)
+    """A token or item count: what a database integer column holds (MAX_COUNT), as over OTLP."""
+    return serializers.IntegerField(min_value=0, max_value=MAX_COUNT, **{"required": False, **kwargs})
 
 
 class ToolCallRequestSerializer(serializers.Serializer):
@@ -66,7 +68,7 @@ class MessageSerializer(serializers.Serializer):
 class TokensByCategoryField(serializers.DictField):
     """Token counts keyed by context category: system, skills, user, assistant, ..."""
 
-    child = serializers.IntegerField(min_value=0)
+    child = count(required=True)
 
     def to_internal_value(self, data: Any) -> dict[str, int]:
         value = super().to_internal_value(data)
@@ -194,8 +196,8 @@ class CompressionEventSerializer(EventSerializer):
     timestamp = serializers.DateTimeField()
     duration_ms = duration()
     strategy = serializers.ChoiceField(choices=CompressionStrategy.choices)
-    tokens_before = serializers.IntegerField(min_value=0)
-    tokens_after = serializers.IntegerField(min_value=0)
+    tokens_before = count(required=True)
+    tokens_after = count(required=True)
     messages_before = count(help_text="Defaults to the length of before_messages.")
     messages_after = count(help_text="Defaults to the length of after_messages.")
     context_window = count()

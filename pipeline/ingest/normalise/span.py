@@ -27,11 +27,14 @@ from pipeline.ingest.normalise.payloads import (
     turn_output,
 )
 from pipeline.ingest.records import SpanRecord
-from pipeline.ingest.normalise.values import MAX_COUNT, first, first_bool, first_count, first_str, json_dict, parse_json, to_text
+from pipeline.ingest.normalise.values import (
+    MAX_COUNT, first, first_bool, first_count, first_str, json_counts, json_dict, parse_json, to_text,
+)
 from pipeline.runtime.errors import canonical_error_type
 from pipeline.tokens.counting import context_window
 
 STRATEGIES = ("truncate", "extract", "summarize")  # compression strategies a cost may be recorded for
+MAX_COST_USD = 1e12  # an estimated cost past this is no estimate (and an int past 1e308 no float)
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 STATUS_ERROR = 2
@@ -233,7 +236,7 @@ def llm_fields(record: SpanRecord) -> dict[str, Any]:
         attrs, "gen_ai.usage.output_tokens", "llm.token_count.completion", "gen_ai.usage.completion_tokens"
     )
     total = first_count(attrs, "gen_ai.usage.total_tokens", "llm.token_count.total", "llm.usage.total_tokens")
-    composition = json_dict(attrs.get(sc.CONTEXT_COMPOSITION))
+    composition = json_counts(attrs.get(sc.CONTEXT_COMPOSITION))
     window = first_count(attrs, sc.CONTEXT_WINDOW)
     input_digest = message_digest(input_messages)
     if not composition and input_tokens is not None and input_messages:
@@ -324,8 +327,8 @@ def compression_fields(record: SpanRecord) -> dict[str, Any]:
         "tokens_before": first_count(attrs, sc.COMPRESSION_TOKENS_BEFORE) or 0,
         "tokens_after": first_count(attrs, sc.COMPRESSION_TOKENS_AFTER) or 0,
         "context_window": first_count(attrs, sc.COMPRESSION_CONTEXT_WINDOW),
-        "tokens_before_by_category": json_dict(attrs.get(sc.COMPRESSION_TOKENS_BEFORE_BY_CATEGORY)),
-        "tokens_after_by_category": json_dict(attrs.get(sc.COMPRESSION_TOKENS_AFTER_BY_CATEGORY)),
+        "tokens_before_by_category": json_counts(attrs.get(sc.COMPRESSION_TOKENS_BEFORE_BY_CATEGORY)),
+        "tokens_after_by_category": json_counts(attrs.get(sc.COMPRESSION_TOKENS_AFTER_BY_CATEGORY)),
         "before_messages": json_list(sc.COMPRESSION_BEFORE_MESSAGES),
         "after_messages": json_list(sc.COMPRESSION_AFTER_MESSAGES),
         "dropped": json_list(sc.COMPRESSION_DROPPED),
@@ -337,11 +340,11 @@ def compression_fields(record: SpanRecord) -> dict[str, Any]:
 
 
 def estimated_costs(value: Any) -> dict[str, float]:
-    """{strategy: estimated USD}: the known strategies with a finite, non-negative number; the rest is dropped."""
+    """{strategy: estimated USD}: the known strategies with a number in 0..MAX_COST_USD; the rest is dropped."""
     costs: dict[str, float] = {}
     for strategy, cost in json_dict(value).items():
         if strategy in STRATEGIES and isinstance(cost, int | float) and not isinstance(cost, bool) \
-                and math.isfinite(cost) and cost >= 0:
+                and 0 <= cost <= MAX_COST_USD:  # also refuses NaN, infinities and ints no float holds
             costs[strategy] = float(cost)
     return costs
 

@@ -118,6 +118,13 @@ def json_dict(value: Any) -> dict[str, Any]:
     return parsed if isinstance(parsed, dict) else {}
 
 
+def json_counts(value: Any) -> dict[str, Any]:
+    """A JSON object of token counts (by context category): its integers kept within 0..MAX_COUNT,
+    as every other count; its other values as sent (readers skip them)."""
+    return {key: min(max(count, 0), MAX_COUNT) if isinstance(count, int) and not isinstance(count, bool) else count
+            for key, count in json_dict(value).items()}
+
+
 def to_text(value: Any) -> str:
     """A payload as the text a model would see: strings unchanged, anything else as JSON."""
     if value is None:
