@@ -224,6 +224,16 @@ _MEDIA_TYPES = frozenset({"image", "image_url", "input_image", "audio", "input_a
                           "uri", "blob"})  # the last two: OTel GenAI media parts
 
 
+def is_media(block: Mapping) -> bool:
+    """Whether a content block (or OTel GenAI part) is an image, audio, video or file: MEDIA_TOKENS
+    of context, whatever its size in the span (a document of text is its text)."""
+    kind = block.get("type")
+    if kind == "document":
+        source = block.get("source")
+        return not (isinstance(source, Mapping) and source.get("type") == "text")
+    return kind in _MEDIA_TYPES
+
+
 def _block_pieces(block: Any, pieces: list[str]) -> int:
     """Append the text a content block (or OTel GenAI part) puts in front of the model; return
     its media count."""
@@ -249,7 +259,7 @@ def _block_pieces(block: Any, pieces: list[str]) -> int:
         return _content_pieces(block.get("response"), pieces)
     elif kind == "document" and isinstance(block.get("source"), Mapping) and block["source"].get("type") == "text":
         pieces.append(str(block["source"].get("data") or ""))
-    elif kind in _MEDIA_TYPES or kind == "document":
+    elif is_media(block):
         return 1
     else:
         pieces.append(_json(dict(block)))

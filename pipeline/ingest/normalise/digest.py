@@ -1,12 +1,14 @@
 """A compact fingerprint of an LLM call's messages, stored with the call at ingest.
 
-Each message becomes `{"hash", "role", "category", "bytes"}` plus, when present, `"answers"`
+Each message becomes `{"hash", "role", "category", "bytes"}` plus, when present, `"media"` (its
+image, audio and file parts), `"answers"`
 (the tool_call_ids its tool results answer) and `"requests"` (the tool_call_ids of the tool
 calls it makes). Comparing two calls' digests says which messages were kept, added, removed or
 changed without loading either call's messages, which can be megabytes each.
 
 Tokens per message are not stored: they follow from the call's input token count split in
-proportion to each message's UTF-8 size (`message_tokens`), the same rule as the context
+proportion to each message's weight (`message_tokens`: UTF-8 text and media parts,
+composition.digest_weights), the same rule as the context
 composition (pipeline.ingest.normalise.composition), so a digest never waits for a tokenizer.
 """
 
@@ -17,9 +19,9 @@ import json
 from json.encoder import encode_basestring_ascii as json_string  # json.dumps of one str
 from typing import Any
 
-from pipeline.ingest.normalise.composition import category_of
+from pipeline.ingest.normalise.composition import BYTES_PER_TOKEN, category_of, digest_weights
 from pipeline.ingest.normalise.messages import Message, message_text
-from pipeline.tokens.counting import scale_to_total
+from pipeline.tokens.counting import MEDIA_TOKENS, is_media, scale_to_total
 
 Digest = list[dict[str, Any]]
 
@@ -66,6 +68,8 @@ def message_digest(messages: list[Message]) -> Digest:
             "category": category_of(message),
             "bytes": len(text),
         }
+        if count := sum(map(is_media, media)):
+            entry["media"] = count
         if answers:
             entry["answers"] = answers
         if requests:
@@ -75,13 +79,14 @@ def message_digest(messages: list[Message]) -> Digest:
 
 
 def message_tokens(digest: Digest, input_tokens: int) -> list[int]:
-    """Each message's share of `input_tokens`, in proportion to its UTF-8 size; when the call
-    has no token count yet, its size in bytes divided by four (the usual rough rate)."""
+    """Each message's share of `input_tokens`, in proportion to its weight (composition.digest_weights);
+    when the call has no token count yet, its text's size divided by BYTES_PER_TOKEN and MEDIA_TOKENS
+    a media part (the runtime's rule)."""
     if not digest:
         return []
-    sizes = {i: max(int(entry.get("bytes", 0)), 0) for i, entry in enumerate(digest)}
     if not input_tokens:
-        return [size // 4 for size in sizes.values()]
+        return [int(e.get("bytes", 0)) // BYTES_PER_TOKEN + MEDIA_TOKENS * int(e.get("media", 0)) for e in digest]
+    sizes = dict(enumerate(digest_weights(digest, input_tokens)))
     if not any(sizes.values()):
         sizes = dict.fromkeys(sizes, 1)
     scaled = scale_to_total(sizes, input_tokens)
