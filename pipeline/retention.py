@@ -9,10 +9,11 @@ What goes:
 - OTLP log records (SpanLog) received before the cutoff.
 A conversation that is still active keeps all its spans, however old, so its trace stays whole;
 one that became active again while being pruned keeps what is left, with its counters and cost
-sums recomputed from it.
+sums recomputed from it: whole traces, as each trace's spans go with the rows made from them.
 
-Every batch is its own short transaction of at most `batch_size` ids, so ingest and the
-dashboard never wait behind one long delete (SQLite has one writer; PostgreSQL row locks).
+Every batch is its own short transaction of at most `batch_size` ids (or spans: a trace's rows go
+together, a whole trace at least), so ingest and the dashboard never wait behind one long delete
+(SQLite has one writer; PostgreSQL row locks).
 """
 
 from __future__ import annotations
@@ -114,7 +115,53 @@ def delete_conversations(ids: list[int], **still: object) -> dict[str, int]:
         return Conversation.objects.filter(pk__in=locked).delete()[1]
 
 
-# Children before parents, so each conversation's final delete finds nothing left to cascade.
+# The rows made from a trace's spans, with the spans: deleted together, a trace at a time.
+_TRACE_ROWS: list[type[models.Model]] = [ToolResultCarry, ToolCall, CompressionEvent, SkillActivation, LLMCall, Span]
+
+
+def delete_traces(conversation_ids: list[int], cutoff: dt.datetime, batch_size: int = BATCH_SIZE
+                  ) -> tuple[dict[type[models.Model], int], int]:
+    """Delete the traces of the conversations `conversation_ids` that are still older than
+    `cutoff`: each trace's spans with every row made from them, in one transaction, about
+    `batch_size` spans per transaction (a whole trace at least). A conversation that comes back
+    to life meanwhile keeps whole traces, never spans whose calls are gone (ingest keeps the
+    first write of a span, so a re-send could not make those again). Rows deleted by model, batches."""
+    sizes = (Span.objects.filter(conversation_id__in=conversation_ids).values_list("trace_id")
+             .annotate(spans=models.Count("pk")).order_by("trace_id"))
+    deleted: dict[type[models.Model], int] = dict.fromkeys(_TRACE_ROWS, 0)
+    batches, traces, spans = 0, [], 0
+    for trace_id, count in [*sizes, (None, 0)]:
+        if traces and (trace_id is None or spans + count > batch_size):
+            for model, n in sql.retrying_deadlocks(lambda: _delete_trace_batch(traces, conversation_ids, cutoff)).items():
+                deleted[model] += n
+            batches, traces, spans = batches + 1, [], 0
+        if trace_id is not None:
+            traces.append(trace_id)
+            spans += count
+    return deleted, batches
+
+
+def _delete_trace_batch(traces: list[str], conversation_ids: list[int], cutoff: dt.datetime
+                        ) -> dict[type[models.Model], int]:
+    """One transaction of `delete_traces`. Locks in ingest's order: the traces, then the
+    conversations (read again under the lock), the rows, the rollup rows last."""
+    with transaction.atomic(), rollups.batched():
+        sql.lock_traces(traces)
+        still = list(Conversation.objects.filter(pk__in=conversation_ids, last_activity_at__lt=cutoff)
+                     .order_by("pk").values_list("pk", flat=True))
+        sql.lock_rows(Conversation, still)
+        if connection.features.has_select_for_update:  # again, now locked: one may have come back to life
+            still = list(Conversation.objects.filter(pk__in=still, last_activity_at__lt=cutoff).values_list("pk", flat=True))
+        deleted = {}
+        for model in _TRACE_ROWS:
+            rows = model.objects.filter(trace_id__in=traces, conversation_id__in=still)
+            _, per_model = rollups.collect_deletion(rollups.rows_to_delete(rows)).delete()
+            deleted[model] = per_model.get(model._meta.label, 0)
+        return deleted
+
+
+# Children before parents, so each conversation's final delete finds nothing left to cascade
+# (the rows of traces went with them; these take what no span of the conversation made).
 _CONVERSATION_CHILDREN: list[tuple[type[models.Model], str]] = [
     (ToolResultCarry, "tool_result_carries"),
     (ToolCall, "tool_calls"),
@@ -161,6 +208,10 @@ def prune(
         )
         if not conversation_ids:
             break
+        by_model, batches = delete_traces(conversation_ids, result.cutoff, batch_size)
+        for model, deleted in by_model.items():
+            _count(result, model, deleted)
+        result.batches += batches
         for model, _ in _CONVERSATION_CHILDREN:
             # The join re-checks the age in every batch: a conversation that comes back to life
             # while it is being pruned keeps the rest of its rows.

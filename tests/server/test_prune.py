@@ -8,7 +8,8 @@ from io import StringIO
 import pytest
 import time_machine
 from django.core.management import CommandError, call_command
-from django.db import connection
+from django.db import connection, transaction
+from django.db.models import signals
 from django.test.utils import CaptureQueriesContext
 
 from pipeline.artifacts.store import store_artifact
@@ -24,8 +25,11 @@ from pipeline.models import (
     SpanLog,
     ToolCall,
 )
+from pipeline.ingest.records import SpanRecord
+from pipeline.ingest.write.store import store_spans
 from pipeline.retention import delete_in_batches, prune
 from pipeline.rollups.compact import rebuild_rollups
+from tests.genai_spans import MS, ROOT, T0, chat, tool
 from tests.stored_rollups import rollup_rows
 
 NOW = dt.datetime(2026, 6, 1, 12, 0, tzinfo=dt.timezone.utc)
@@ -159,16 +163,20 @@ def test_dry_run_counts_and_deletes_nothing(artifact_dir):
 
 @time_machine.travel(NOW, tick=False)
 def test_it_deletes_in_batches_of_the_given_size(artifact_dir):
-    make_conversation("big", NOW - dt.timedelta(days=60), spans=25)
+    big = make_conversation("big", NOW - dt.timedelta(days=60), spans=25)
+    for trace in "6789":
+        for n in range(5):
+            make_span(trace * 32, n, NOW - dt.timedelta(days=60), big)
     for n in range(7):
         make_span("4" * 32, n, NOW - dt.timedelta(days=60))
 
     result = prune(30, batch_size=10)
 
     assert Span.objects.count() == 0 and Conversation.objects.count() == 0
-    assert result.spans == 32
-    # 25 conversation spans in 3 batches, 7 orphans in 1, one batch per other row kind, one for the conversation.
-    assert result.batches == 3 + 1 + 6 + 1
+    assert result.spans == 52
+    # A trace goes whole with its rows: 25 spans in 1 batch, four traces of 5 in 2. Then 7 orphans
+    # in 1, the rounds in 1, the artifacts in 1, the conversation in 1.
+    assert result.batches == 3 + 1 + 1 + 1 + 1
 
 
 @time_machine.travel(NOW, tick=False)
@@ -253,3 +261,47 @@ def test_batches_of_llm_calls_and_rounds_are_deleted_without_reading_their_text(
     reads = [q["sql"] for q in queries if q["sql"].startswith("SELECT")]
     assert not [sql for sql in reads if any(column in sql for column in (
         '"input_messages"', '"output_messages"', '"user_message"', '"final_answer"'))], reads
+
+
+def _turn(trace: str, start_ms: int = 0, at: int = T0) -> list[SpanRecord]:
+    """A turn of the conversation "revived": its root, a chat asking for a tool, the tool."""
+    root = SpanRecord(trace, ROOT, "invoke_agent", at + start_ms * MS, at + (start_ms + 9) * MS, attributes={
+        "gen_ai.operation.name": "invoke_agent", "gen_ai.conversation.id": "revived"})
+    call = chat(trace, "00000000000000c1", start_ms + 1, "gpt-4o", requested=["call_1"])
+    call.start_time_unix_nano, call.end_time_unix_nano = at + (start_ms + 1) * MS, at + (start_ms + 2) * MS
+    result = tool(trace, "00000000000000c2", start_ms + 3, "42", call_id="call_1")
+    result.start_time_unix_nano, result.end_time_unix_nano = at + (start_ms + 3) * MS, at + (start_ms + 4) * MS
+    return [root, call, result]
+
+
+def _whole(trace: str) -> tuple[int, int, int]:
+    return (Span.objects.filter(trace_id=trace).count(), LLMCall.objects.filter(trace_id=trace).count(),
+            ToolCall.objects.filter(trace_id=trace).count())
+
+
+@time_machine.travel(NOW, tick=False)
+def test_a_conversation_revived_while_pruned_keeps_whole_traces_and_a_resend_restores_the_rest(db):
+    """Each trace's spans go with the rows made from them: before, every call of the conversation
+    went before any span, and a conversation revived in between kept spans without their calls,
+    which a re-send could not make again (ingest keeps the first write of a span)."""
+    old_a, old_b, new = "a1" * 16, "b1" * 16, "c1" * 16
+    store_spans([*_turn(old_a), *_turn(old_b, 20)])
+    revived = Conversation.objects.get(external_id="revived")
+    now_ns = int(NOW.timestamp() * 1e9)
+
+    def revive_after_the_first_batch(**_):
+        signals.post_delete.disconnect(revive_after_the_first_batch, sender=Span)
+        transaction.on_commit(lambda: store_spans(_turn(new, at=now_ns - 60_000 * MS)))
+
+    signals.post_delete.connect(revive_after_the_first_batch, sender=Span, weak=False)
+    try:
+        prune(30, batch_size=3)
+    finally:
+        signals.post_delete.disconnect(revive_after_the_first_batch, sender=Span)
+
+    assert Conversation.objects.filter(pk=revived.pk).exists()
+    assert {trace: _whole(trace) for trace in (old_a, old_b, new)} == {
+        old_a: (0, 0, 0), old_b: (3, 1, 1), new: (3, 1, 1)}
+
+    assert store_spans(_turn(old_a)).accepted == 3  # the trace that went comes back whole
+    assert _whole(old_a) == (3, 1, 1)
