@@ -41,3 +41,20 @@ def test_token_counts_by_category_are_kept_within_what_a_column_holds():
     assert event.tokens_before_by_category == {"user": MAX_COUNT, "system": 7}
     assert event.tokens_after_by_category == {"user": MAX_COUNT}
     assert event.estimated_costs == {"summarize": 0.01}
+
+
+def test_numbers_no_json_column_holds_are_kept_as_text_not_refused_with_the_batch():
+    """NaN, Infinity and 1e999 inside a JSON attribute: PostgreSQL's JSON columns refuse them, and
+    with them every span of the request (SQLite stored them as null)."""
+    call = chat(TRACE, "00000000000000c1", 1, "gpt-4o", requested=["call_1"])
+    call.attributes[sc.CONTEXT_COMPOSITION] = '{"user": 1e999, "system": NaN, "assistant": 12}'
+    call.attributes["gen_ai.input.messages"] = json.dumps([{"role": "user", "parts": [
+        {"type": "tool_call", "id": "call_0", "name": "plot", "arguments": {"x": "NaN-placeholder", "y": 2.5}}]}]
+    ).replace('"NaN-placeholder"', "-Infinity")
+    other = chat(TRACE, "00000000000000c3", 5, "gpt-4o")
+
+    assert store_spans([call, other]).accepted == 2
+
+    stored = LLMCall.objects.get(span_id="00000000000000c1")
+    assert stored.context_composition == {"user": "1e999", "system": "NaN", "assistant": 12}
+    assert stored.input_messages[0]["parts"][0]["arguments"] == {"x": "-Infinity", "y": 2.5}

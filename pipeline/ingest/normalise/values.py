@@ -7,6 +7,7 @@ Instrumentations write "", "unknown" or "None" where they know nothing; those co
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -94,11 +95,19 @@ def _without_surrogates(value: Any) -> Any:
     return value
 
 
+def _finite(text: str) -> float | str:
+    """A JSON number as a float, or as written where no float holds it (1e999): as NaN and the
+    infinities, which no JSON column takes (PostgreSQL refuses the whole batch)."""
+    number = float(text)
+    return number if math.isfinite(number) else text
+
+
 def parse_json(value: Any) -> Any:
     """A structured value as is; a string that holds JSON object/array parsed; else the value.
 
     The attributes were cleaned as text (pipeline.ingest.write.sanitise), but JSON inside a string
-    can still spell a lone surrogate as an escape ("\\ud800"): parsed, it is replaced too.
+    can still spell a lone surrogate as an escape ("\\ud800"): parsed, it is replaced too; and
+    NaN, Infinity or 1e999, which are kept as text (`_finite`).
     """
     if isinstance(value, str):
         text = value.lstrip()
@@ -106,7 +115,7 @@ def parse_json(value: Any) -> Any:
         # ("{...} and more") is not tried: json.loads would only raise
         if text[:1] in ("{", "[") and value.rstrip(" \t\n\r").endswith(("}", "]")):
             try:
-                parsed = json.loads(value)
+                parsed = json.loads(value, parse_float=_finite, parse_constant=str)
                 return _without_surrogates(parsed) if SURROGATE_ESCAPE.search(value) else parsed
             except (ValueError, RecursionError):  # RecursionError: nested too deeply to read; kept as text
                 return value
