@@ -234,6 +234,21 @@ def is_media(block: Mapping) -> bool:
     return kind in _MEDIA_TYPES
 
 
+def media_parts(content: Any) -> int:
+    """The media blocks (`is_media`) of a message's content or parts, those of its tool results
+    included, as `_message_pieces` counts them, without reading any text."""
+    if isinstance(content, Mapping):
+        kind = content.get("type")
+        if kind == "tool_result":
+            return media_parts(content.get("content"))
+        if kind == "tool_call_response":
+            return media_parts(content.get("response"))
+        return int(is_media(content))
+    if isinstance(content, list | tuple):
+        return sum(map(media_parts, content))
+    return 0
+
+
 def _block_pieces(block: Any, pieces: list[str]) -> int:
     """Append the text a content block (or OTel GenAI part) puts in front of the model; return
     its media count."""

@@ -48,3 +48,29 @@ def test_an_image_takes_what_a_reported_count_leaves_over_the_text():
     counted_call = by_trace[counted.trace_id]
     assert counted_call.input_tokens > MEDIA_TOKENS and not counted_call.tokens_pending
     assert used(counted_call)["system"] < 0.01 * counted_call.input_tokens
+
+
+def test_an_image_a_tool_returned_weighs_in_the_tool_results_share():
+    """A screenshot tool's image, inside the tool result: counted as a media part there too."""
+    call = chat("0f" * 16, "00000000000000f1", 1, "gpt-4o")
+    call.attributes["gen_ai.input.messages"] = json.dumps([
+        {"role": "user", "parts": [{"type": "text", "content": "Take a screenshot of the page, please."}]},
+        {"role": "tool", "parts": [{"type": "tool_call_response", "id": "call_1", "response": [
+            {"type": "uri", "modality": "image", "uri": "https://example.com/shot.png"}]}]},
+    ])
+    call.attributes["gen_ai.usage.input_tokens"] = 1000
+
+    store_spans([call])
+
+    composition = used(LLMCall.objects.get())
+    assert composition["tool_observations"] > 900 and composition["user"] < 100
+
+
+def test_messages_without_text_split_nothing_and_store_whole_counts():
+    call = chat("1a" * 16, "000000000000001a", 1, "gpt-4o")
+    call.attributes["gen_ai.input.messages"] = json.dumps([{"role": "user", "parts": [{"type": "text", "content": ""}]}])
+
+    store_spans([call])
+
+    composition = LLMCall.objects.get().context_composition
+    assert all(type(n) is int for n in composition.values()), composition

@@ -21,7 +21,7 @@ from typing import Any
 
 from pipeline.ingest.normalise.composition import BYTES_PER_TOKEN, category_of, digest_weights
 from pipeline.ingest.normalise.messages import Message, message_text
-from pipeline.tokens.counting import MEDIA_TOKENS, is_media, scale_to_total
+from pipeline.tokens.counting import MEDIA_TOKENS, media_parts, scale_to_total
 
 Digest = list[dict[str, Any]]
 
@@ -68,7 +68,7 @@ def message_digest(messages: list[Message]) -> Digest:
             "category": category_of(message),
             "bytes": len(text),
         }
-        if count := sum(map(is_media, media)):
+        if count := media_parts(message.get("parts")):
             entry["media"] = count
         if answers:
             entry["answers"] = answers
