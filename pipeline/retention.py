@@ -44,6 +44,7 @@ from pipeline.models import (
 )
 
 BATCH_SIZE = 1000
+MAX_TRACES_PER_BATCH = 1000  # an advisory lock each (PostgreSQL's lock table holds a few thousand)
 CONVERSATIONS_PER_STEP = 50
 
 
@@ -123,21 +124,25 @@ def delete_traces(conversation_ids: list[int], cutoff: dt.datetime, batch_size: 
                   ) -> tuple[dict[type[models.Model], int], int]:
     """Delete the traces of the conversations `conversation_ids` that are still older than
     `cutoff`: each trace's spans with every row made from them, in one transaction, about
-    `batch_size` spans per transaction (a whole trace at least). A conversation that comes back
-    to life meanwhile keeps whole traces, never spans whose calls are gone (ingest keeps the
-    first write of a span, so a re-send could not make those again). Rows deleted by model, batches."""
-    sizes = (Span.objects.filter(conversation_id__in=conversation_ids).values_list("trace_id")
-             .annotate(spans=models.Count("pk")).order_by("trace_id"))
+    `batch_size` spans per transaction (a whole trace at least; at most MAX_TRACES_PER_BATCH
+    traces, a lock each on PostgreSQL). A conversation that comes back to life meanwhile keeps
+    whole traces, never spans whose calls are gone (ingest keeps the first write of a span, so a
+    re-send could not make those again). Traces that arrive meanwhile are read in the next pass.
+    Rows deleted by model, batches."""
+    old = Span.objects.filter(conversation_id__in=conversation_ids, conversation__last_activity_at__lt=cutoff)
     deleted: dict[type[models.Model], int] = dict.fromkeys(_TRACE_ROWS, 0)
-    batches, traces, spans = 0, [], 0
-    for trace_id, count in [*sizes, (None, 0)]:
-        if traces and (trace_id is None or spans + count > batch_size):
-            for model, n in sql.retrying_deadlocks(lambda: _delete_trace_batch(traces, conversation_ids, cutoff)).items():
-                deleted[model] += n
-            batches, traces, spans = batches + 1, [], 0
-        if trace_id is not None:
-            traces.append(trace_id)
-            spans += count
+    batches = 0
+    while sizes := list(old.values_list("trace_id").annotate(spans=models.Count("pk")).order_by("trace_id")):
+        traces: list[str] = []
+        spans = 0
+        for trace_id, count in [*sizes, (None, 0)]:
+            if traces and (trace_id is None or spans + count > batch_size or len(traces) == MAX_TRACES_PER_BATCH):
+                for model, n in sql.retrying_deadlocks(lambda: _delete_trace_batch(traces, conversation_ids, cutoff)).items():
+                    deleted[model] += n
+                batches, traces, spans = batches + 1, [], 0
+            if trace_id is not None:
+                traces.append(trace_id)
+                spans += count
     return deleted, batches
 
 
@@ -161,7 +166,8 @@ def _delete_trace_batch(traces: list[str], conversation_ids: list[int], cutoff: 
 
 
 # Children before parents, so each conversation's final delete finds nothing left to cascade
-# (the rows of traces went with them; these take what no span of the conversation made).
+# (the rows of traces went with them: these take rows no stored span of the conversation made,
+# and a trace that arrives after delete_traces' last pass).
 _CONVERSATION_CHILDREN: list[tuple[type[models.Model], str]] = [
     (ToolResultCarry, "tool_result_carries"),
     (ToolCall, "tool_calls"),

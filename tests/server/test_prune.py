@@ -27,6 +27,7 @@ from pipeline.models import (
 )
 from pipeline.ingest.records import SpanRecord
 from pipeline.ingest.write.store import store_spans
+from pipeline import retention
 from pipeline.retention import delete_in_batches, prune
 from pipeline.rollups.compact import rebuild_rollups
 from tests.genai_spans import MS, ROOT, T0, chat, tool
@@ -177,6 +178,19 @@ def test_it_deletes_in_batches_of_the_given_size(artifact_dir):
     # A trace goes whole with its rows: 25 spans in 1 batch, four traces of 5 in 2. Then 7 orphans
     # in 1, the rounds in 1, the artifacts in 1, the conversation in 1.
     assert result.batches == 3 + 1 + 1 + 1 + 1
+
+
+@time_machine.travel(NOW, tick=False)
+def test_a_batch_takes_at_most_so_many_traces_however_small(artifact_dir, monkeypatch):
+    """A lock each on PostgreSQL: 50,000 one-span traces in one batch ran out of shared memory."""
+    monkeypatch.setattr(retention, "MAX_TRACES_PER_BATCH", 2)
+    many = make_conversation("many traces", NOW - dt.timedelta(days=60), spans=1)
+    for trace in "6789":
+        make_span(trace * 32, 0, NOW - dt.timedelta(days=60), many)
+
+    by_model, batches = retention.delete_traces([many.pk], NOW - dt.timedelta(days=30), batch_size=1000)
+
+    assert (by_model[Span], batches, Span.objects.count()) == (5, 3, 0)
 
 
 @time_machine.travel(NOW, tick=False)

@@ -12,6 +12,7 @@ says more than it; an open version that adds nothing to a finished span is a dup
 
 from __future__ import annotations
 
+import logging
 from dataclasses import replace
 from typing import Any
 
@@ -20,6 +21,8 @@ from pipeline.ingest.records import SpanEvent, SpanRecord
 from pipeline.ingest.write import sql
 from pipeline.ingest.write.rows import encode_span_json
 from pipeline.models import Span
+
+logger = logging.getLogger(__name__)
 
 Key = tuple[str, str]
 STORED_COLUMNS = ("trace_id", "span_id", "name", "start_time_unix_nano", "end_time_unix_nano", "parent_span_id",
@@ -40,10 +43,13 @@ def complete_spans(spans: list[NormalisedSpan], stored: dict[Key, int]) -> tuple
     for row in Span.objects.filter(pk__in=ids).values(*STORED_COLUMNS):
         key = (row["trace_id"], row["span_id"])
         arriving = halves[key].record
-        if arriving.end_time_unix_nano > 0:  # finishing the stored open span: always replaces it
-            merged[key] = normalise(merge(opened=_stored_record(row), finished=arriving))
-        elif says_more(opened=arriving, finished=row):
-            merged[key] = normalise(merge(opened=arriving, finished=_stored_record(row)))
+        try:
+            if arriving.end_time_unix_nano > 0:  # finishing the stored open span: always replaces it
+                merged[key] = normalise(merge(opened=_stored_record(row), finished=arriving))
+            elif says_more(opened=arriving, finished=row):
+                merged[key] = normalise(merge(opened=arriving, finished=_stored_record(row)))
+        except Exception:  # each half was read alone: the one arriving is stored (or not) as it came
+            logger.exception("could not merge span %s/%s with its stored version", *key)
     encode_span_json(merged.values())
     return [merged.get((s.record.trace_id, s.record.span_id), s) for s in spans], set(merged)
 
