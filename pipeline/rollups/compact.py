@@ -10,27 +10,15 @@ conversations.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from datetime import datetime, timedelta
+from datetime import datetime
 
 from django.db import transaction
-from django.utils import timezone
 
-from pipeline.conf import ctxlens_config
 from pipeline.models import Rollup
 from pipeline.rollups.figures import COLUMNS, MODEL_OF
-from pipeline.rollups.track import Deltas, floor, write_deltas
+from pipeline.rollups.track import Deltas, kept_since, write_deltas
 
 CHUNK = 20_000
-
-
-def kept_since(now: datetime | None = None) -> dict[str, datetime | None]:
-    """By grain, from when its rows are complete (None: always). Compaction deletes older ones."""
-    config, now = ctxlens_config(), now or timezone.now()
-    return {
-        "m": floor(now - timedelta(hours=config.rollup_minute_hours), "h"),
-        "h": floor(now - timedelta(days=config.rollup_hour_days), "d"),
-        "d": None,
-    }
 
 
 def compact_rollups(now: datetime | None = None) -> int:

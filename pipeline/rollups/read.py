@@ -20,9 +20,8 @@ from django.db.models import Q
 from django.utils import timezone
 
 from pipeline.models import Rollup
-from pipeline.rollups.compact import kept_since
 from pipeline.rollups.figures import COLUMNS, MODEL_OF, NAME_COLUMN, TIME_COLUMN, Figures, contribution
-from pipeline.rollups.track import GRAINS, floor
+from pipeline.rollups.track import GRAINS, floor, kept_since
 
 ORDER = ("d", "h", "m")
 # Later than any stored time (OTLP's nanoseconds end in 2554), and far enough from datetime.max for

@@ -36,7 +36,9 @@ from django.db import connection, transaction
 from django.db.models import Model, QuerySet
 from django.db.models.deletion import Collector
 from django.db.models.signals import post_delete, pre_delete
+from django.utils import timezone
 
+from pipeline.conf import ctxlens_config
 from pipeline.models import Conversation, Rollup
 from pipeline.rollups.figures import COLUMNS, KIND_OF, Figures, add_contribution, name_and_start, values_of
 
@@ -55,6 +57,17 @@ def floor(moment: datetime, grain: str) -> datetime:
     if grain == "d":
         moment = moment.replace(hour=0)
     return moment
+
+
+def kept_since(now: datetime | None = None) -> dict[str, datetime | None]:
+    """By grain, from when its rows are complete (None: always). Compaction deletes older ones."""
+    config, now = ctxlens_config(), now or timezone.now()
+    return {
+        "m": floor(now - timedelta(hours=config.rollup_minute_hours), "h"),
+        "h": floor(now - timedelta(days=config.rollup_hour_days), "d"),
+        "d": None,
+    }
+
 
 
 class Deltas:
@@ -115,8 +128,12 @@ def batched() -> Iterator[None]:
 
 
 def write_deltas(by_key: dict[Key, Figures]) -> None:
-    """Add each delta to its rollup row: create it, update it, or delete it when no call is left."""
-    changed = {k: d for k, d in by_key.items() if d.calls or d.sums or d.errors or d.latency}
+    """Add each delta to its rollup row: create it, update it, or delete it when no call is left.
+    Rows of a grain older than it is kept (`kept_since`: compaction's age) are left alone, as a
+    rebuild has none and no read takes them: a call that started days ago adds to its day only."""
+    since = kept_since()
+    changed = {k: d for k, d in by_key.items() if (d.calls or d.sums or d.errors or d.latency)
+               and (since[k[1]] is None or k[2] >= since[k[1]])}
     if not changed:
         return
     # Ingest calls this inside its transaction; an ORM save outside one (admin, scripts) gets its

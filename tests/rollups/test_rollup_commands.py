@@ -24,6 +24,13 @@ pytestmark = pytest.mark.django_db
 NOW = datetime(2026, 3, 10, 12, 0, tzinfo=UTC)
 
 
+@pytest.fixture(autouse=True)
+def at_now():
+    """The rows are written at NOW: a rollup grain older than it is kept is not written at all."""
+    with time_machine.travel(NOW, tick=False):
+        yield
+
+
 def tool_call(conversation, at: datetime, n: int) -> ToolCall:
     return ToolCall.objects.create(conversation=conversation, tool_name="search", trace_id=f"{n:032x}",
                                    span_id=f"{n:016x}", started_at=at, duration_ms=12.0)
@@ -41,7 +48,8 @@ def test_compacting_drops_old_minutes_and_hours_and_keeps_the_days(settings):
     settings.CTXLENS_ROLLUP_MINUTE_HOURS, settings.CTXLENS_ROLLUP_HOUR_DAYS = 2, 3
     conversation = make_conversation()
     for n, ago in enumerate((timedelta(minutes=5), timedelta(hours=5), timedelta(days=10)), start=1):
-        tool_call(conversation, NOW - ago, n)
+        with time_machine.travel(NOW - ago, tick=False):  # each ingested as it happened
+            tool_call(conversation, NOW - ago, n)
     assert grains() == {"m": 3, "h": 3, "d": 2}  # two of them on the same day
     out = StringIO()
 
@@ -51,6 +59,20 @@ def test_compacting_drops_old_minutes_and_hours_and_keeps_the_days(settings):
     assert grains() == {"m": 1, "h": 2, "d": 2}
     assert out.getvalue().startswith("compact_rollups: deleted 3 rollup rows")
     assert sum(Rollup.objects.filter(kind="tool", grain="d").values_list("calls", flat=True)) == 3
+
+
+def test_a_call_older_than_a_grain_is_kept_is_written_to_the_grains_still_kept(settings):
+    """A span that started days ago adds to its day only, as a rebuild would: minute and hour
+    rows of old data, which no read takes, stayed until compaction deleted them."""
+    settings.CTXLENS_ROLLUP_MINUTE_HOURS, settings.CTXLENS_ROLLUP_HOUR_DAYS = 2, 3
+    conversation = make_conversation()
+    for n, ago in enumerate((timedelta(minutes=5), timedelta(hours=5), timedelta(days=10)), start=1):
+        tool_call(conversation, NOW - ago, n)
+
+    assert grains() == {"m": 1, "h": 2, "d": 2}
+    incremental = rollup_rows()
+    rebuild_rollups()
+    assert rollup_rows() == incremental
 
 
 def test_rebuilding_restores_rollups_lost_to_a_manual_delete():
