@@ -11,6 +11,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from tests.conftest import SERVER_COMMANDS, ROOT, LiveServer, free_port, server_env, start_uvicorn, test_database_url
 
@@ -84,13 +85,28 @@ class SecondCtxlens:
 
     def snapshot(self) -> dict:
         """Its stored records, as tests.snapshot.snapshot() gives them, read by a subprocess."""
-        code = "import django, json; django.setup(); from tests.snapshot import snapshot; print(json.dumps(snapshot()))"
+        return self._read("tests.snapshot", "snapshot")
+
+    def span_logs(self) -> list[dict]:
+        """Its stored OTLP log records, as span_logs() gives them, read by a subprocess."""
+        return self._read("tests.otlp_servers", "span_logs")
+
+    def _read(self, module: str, function: str) -> Any:
+        code = f"import django, json; django.setup(); from {module} import {function}; print(json.dumps({function}()))"
         env = {**os.environ, **self.env, "DJANGO_SETTINGS_MODULE": "config.settings"}
         done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
                               timeout=120)
         if done.returncode != 0:
             raise RuntimeError(done.stderr)
         return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def span_logs() -> list[dict]:
+    """Every stored OTLP log record (SpanLog) by what the record carries, its digest included."""
+    from pipeline.models import SpanLog
+
+    return list(SpanLog.objects.order_by("digest").values(
+        "trace_id", "span_id", "time_unix_nano", "event_name", "body", "attributes", "digest"))
 
 
 def second_ctxlens(tmp_dir: Path, template: Path) -> SecondCtxlens:

@@ -1,8 +1,12 @@
-"""Stored Span rows → OTLP ExportTraceServiceRequest, with their original ids and content.
+"""Stored Span rows → OTLP ExportTraceServiceRequest, SpanLog rows → ExportLogsServiceRequest,
+with their original ids and content.
 
 `spans_to_request()` rebuilds what arrived: trace/span/parent ids, times, kind, status,
 attributes, events, links, resource and instrumentation scope, with spans grouped by
-resource and scope as an SDK would. `pipeline.runtime.telemetry.otlp_json.request_to_json()` gives the OTLP/HTTP JSON encoding
+resource and scope as an SDK would. `logs_to_request()` rebuilds each log record from what
+ingest kept of it (pipeline.ingest.write.logs.save_logs): ids, time, event name, body and
+attributes, so the receiving ctxlens stores the same row (the same digest) and a re-send is a
+no-op there too. `pipeline.runtime.telemetry.otlp_json.request_to_json()` gives the OTLP/HTTP JSON encoding
 (hex ids, integer enums, camelCase), which `google.protobuf.json_format` alone gets wrong.
 """
 
@@ -12,13 +16,15 @@ import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, InstrumentationScope, KeyValue
+from opentelemetry.proto.logs.v1.logs_pb2 import LogRecord, ResourceLogs, ScopeLogs
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Status
 from opentelemetry.proto.trace.v1.trace_pb2 import Span as OtlpSpan
 
-from pipeline.models import Span
+from pipeline.models import Span, SpanLog
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
@@ -132,3 +138,22 @@ def spans_to_request(spans: Iterable[Span]) -> ExportTraceServiceRequest:
             )
         request.resource_spans.append(resource_spans)
     return request
+
+
+def log_to_otlp(log: SpanLog) -> LogRecord:
+    record = LogRecord(
+        trace_id=_id_bytes(log.trace_id, 16),
+        span_id=_id_bytes(log.span_id, 8),
+        time_unix_nano=log.time_unix_nano,
+        event_name=log.event_name,
+        attributes=key_values(log.attributes or {}),
+    )
+    if log.body is not None:  # None: the record had no body
+        record.body.CopyFrom(any_value(log.body))
+    return record
+
+
+def logs_to_request(logs: Iterable[SpanLog]) -> ExportLogsServiceRequest:
+    """One request holding `logs`, in order (ingest keeps no resource or scope of a log record)."""
+    records = [log_to_otlp(log) for log in logs]
+    return ExportLogsServiceRequest(resource_logs=[ResourceLogs(scope_logs=[ScopeLogs(log_records=records)])])

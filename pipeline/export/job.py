@@ -1,9 +1,10 @@
-"""Which stored spans a re-export sends, in what order, and where it resumes.
+"""Which stored spans and log records a re-export sends, in what order, and where it resumes.
 
-Spans go out ordered by (received_at, id) in keyset-paginated batches; after each batch
-the endpoint accepted, the position is written to a checkpoint file under the data dir,
-keyed by endpoint and filters, so an interrupted export (or a later run, for new spans)
-continues after the last span delivered.
+Spans go out ordered by (received_at, id) in keyset-paginated batches, then the log records
+(SpanLog: GenAI message events) of the same traces, ordered by id; after each batch the
+endpoint accepted, the position is written to a checkpoint file under the data dir, keyed by
+endpoint and filters, so an interrupted export (or a later run, for new spans and logs)
+continues after the last span and the last log record delivered.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from django.db.models import Q, QuerySet
 from django.utils import timezone
 from django.utils.dateparse import parse_date, parse_datetime
 
-from pipeline.models import Conversation, Span
+from pipeline.models import Conversation, Span, SpanLog
 
 _RELATIVE = re.compile(r"\A(\d+)\s*([smhdw])\Z")
 _UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
@@ -65,6 +66,13 @@ def select_spans(since: dt.datetime | None = None, conversation: Conversation | 
     return spans
 
 
+def select_logs(since: dt.datetime | None = None, conversation: Conversation | None = None) -> QuerySet[SpanLog]:
+    """The log records of the traces `select_spans` picks; with no filter, every one."""
+    if since is None and conversation is None:
+        return SpanLog.objects.all()
+    return SpanLog.objects.filter(trace_id__in=select_spans(since, conversation).values("trace_id"))
+
+
 def redact_url(url: str) -> str:
     """The endpoint without user:password, for output and checkpoint files."""
     parts = urllib.parse.urlsplit(url)
@@ -77,7 +85,8 @@ def redact_url(url: str) -> str:
 
 @dataclass
 class Checkpoint:
-    """The last span delivered: (received_at, id). Stored as JSON; headers are never written."""
+    """The last span delivered, (received_at, id), and the last log record's id. Stored as JSON;
+    headers are never written. A file from before logs were exported reads as no log sent yet."""
 
     path: Path
     endpoint: str
@@ -85,6 +94,8 @@ class Checkpoint:
     received_at: str = ""
     last_id: int = 0
     exported: int = 0
+    last_log_id: int = 0
+    logs_exported: int = 0
 
     @classmethod
     def for_job(cls, endpoint: str, filters: dict[str, str], directory: Path | None = None) -> Checkpoint:
@@ -97,6 +108,8 @@ class Checkpoint:
             checkpoint.received_at = saved.get("received_at", "")
             checkpoint.last_id = int(saved.get("last_id", 0))
             checkpoint.exported = int(saved.get("exported", 0))
+            checkpoint.last_log_id = int(saved.get("last_log_id", 0))
+            checkpoint.logs_exported = int(saved.get("logs_exported", 0))
         return checkpoint
 
     @property
@@ -111,6 +124,11 @@ class Checkpoint:
         self.exported += count
         self.save()
 
+    def advance_logs(self, log: SpanLog, count: int) -> None:
+        self.last_log_id = log.pk
+        self.logs_exported += count
+        self.save()
+
     def save(self) -> None:
         """Write a temp file and rename it over the old one: a crash leaves the old or the new, never half."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -122,6 +140,7 @@ class Checkpoint:
 
     def reset(self) -> None:
         self.received_at, self.last_id, self.exported = "", 0, 0
+        self.last_log_id, self.logs_exported = 0, 0
         self.path.unlink(missing_ok=True)
 
 
@@ -140,3 +159,13 @@ def batches(spans: QuerySet[Span], position: tuple[dt.datetime, int] | None, siz
             return
         yield batch
         position = (batch[-1].received_at, batch[-1].pk)
+
+
+def log_batches(logs: QuerySet[SpanLog], last_id: int, size: int) -> Iterator[list[SpanLog]]:
+    """Keyset pagination over the id (SpanLog rows are only ever inserted, each with a new id)."""
+    while True:
+        batch = list(logs.filter(pk__gt=last_id).order_by("pk")[:size])
+        if not batch:
+            return
+        yield batch
+        last_id = batch[-1].pk

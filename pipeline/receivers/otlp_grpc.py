@@ -1,11 +1,12 @@
-"""OTLP/gRPC ingest: TraceService/Export on its own port (4317 by default).
+"""OTLP/gRPC ingest: TraceService/Export and LogsService/Export on its own port (4317 by default).
 
-The same way in as POST /v1/traces: `pipeline.ingest.service.admit` checks the caller (an
-ApiKey with the ingest scope, sent as `authorization: Bearer <key>` metadata) and its rate
-budget from the metadata, before the request message is received; then
+The same way in as POST /v1/traces and POST /v1/logs: `pipeline.ingest.service.admit` checks
+the caller (an ApiKey with the ingest scope, sent as `authorization: Bearer <key>` metadata)
+and its rate budget from the metadata, before the request message is received; then
 `pipeline.ingest.service.ingest(..., key=key)` checks the size, decodes and stores the body
-(one transaction per request, idempotent on trace and span id). This module only translates
-the outcome into gRPC, with the service's messages.
+(one transaction per request, idempotent on trace and span id, and on a log record's content).
+This module only translates the outcome into gRPC, with the service's messages; the replies
+are the ones POST /v1/* gives in protobuf (`pipeline.ingest.decode.otlp.export_response`).
 
 Export is a unary RPC, but it is registered here as request-streaming: grpcio's sync server
 receives (and inflates, when compressed) a unary handler's message before the handler runs,
@@ -18,7 +19,7 @@ Status codes follow the OTLP spec so exporters retry what is worth retrying: UNA
 and PERMISSION_DENIED for keys, INVALID_ARGUMENT for bodies that cannot be decoded,
 RESOURCE_EXHAUSTED over the size limit, RESOURCE_EXHAUSTED + RetryInfo (retryable) when the key
 is over its rate limit, UNAVAILABLE + RetryInfo when the database is unreachable, INTERNAL for a
-fault of the server's own, and a partial_success for spans refused one by one.
+fault of the server's own, and a partial_success for spans (or log records) refused one by one.
 """
 
 from __future__ import annotations
@@ -31,13 +32,10 @@ import grpc
 from django.db import close_old_connections
 from google.protobuf.duration_pb2 import Duration
 from google.rpc.error_details_pb2 import RetryInfo
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
-    ExportTracePartialSuccess,
-    ExportTraceServiceResponse,
-)
 
 from pipeline.conf import ctxlens_config
 from pipeline.ingest import service
+from pipeline.ingest.decode.otlp import PROTOBUF, export_response
 from pipeline.ingest.service import Failed, IngestRequest, Kind, Rejected
 from pipeline.ingest.write.writer_threads import keep_connections_on
 
@@ -46,7 +44,8 @@ logger = logging.getLogger(__name__)
 THREAD_PREFIX = "otlp-grpc"
 keep_connections_on(THREAD_PREFIX)  # the server's workers live as long as it does
 
-SERVICE = "opentelemetry.proto.collector.trace.v1.TraceService"
+TRACE_SERVICE = "opentelemetry.proto.collector.trace.v1.TraceService"
+LOGS_SERVICE = "opentelemetry.proto.collector.logs.v1.LogsService"
 DEFAULT_PORT = 4317
 RETRY_INFO_KEY = "google.rpc.retryinfo-bin"
 # gRPC itself refuses messages past max_receive_message_length, with its own text, before the
@@ -76,10 +75,14 @@ def authorization(metadata: tuple[tuple[str, str | bytes], ...]) -> str | None:
     return None
 
 
-class TraceIngest:
-    """The TraceService/Export handler. Requests arrive as raw bytes and are decoded once."""
+class OtlpIngest:
+    """The Export handler of TraceService, or of LogsService with `logs`. Requests arrive as raw
+    bytes and are decoded once; replies leave as bytes."""
 
-    def export(self, requests: Iterator[bytes], context: grpc.ServicerContext) -> ExportTraceServiceResponse:
+    def __init__(self, service_name: str, *, logs: bool = False) -> None:
+        self.method, self.logs = f"/{service_name}/Export", logs
+
+    def export(self, requests: Iterator[bytes], context: grpc.ServicerContext) -> bytes:
         close_old_connections()
         try:
             outcome = self._ingest(requests, context)
@@ -89,13 +92,10 @@ class TraceIngest:
             if outcome.retry_after:
                 context.set_trailing_metadata(_retry_metadata(outcome.retry_after))
             context.abort(STATUS_CODE[outcome.kind], outcome.message)
-        if isinstance(outcome, Rejected):
-            return ExportTraceServiceResponse(partial_success=ExportTracePartialSuccess(
-                rejected_spans=outcome.rejected, error_message=outcome.message))
-        return ExportTraceServiceResponse()
+        rejected, message = (outcome.rejected, outcome.message) if isinstance(outcome, Rejected) else (0, "")
+        return export_response(PROTOBUF, rejected, message, logs=self.logs)
 
-    @staticmethod
-    def _ingest(requests: Iterator[bytes], context: grpc.ServicerContext) -> service.Outcome:
+    def _ingest(self, requests: Iterator[bytes], context: grpc.ServicerContext) -> service.Outcome:
         """The key and its rate budget from the metadata, then (only if they pass) the message."""
         header = authorization(tuple(context.invocation_metadata()))
         key = service.admit(header)
@@ -103,8 +103,8 @@ class TraceIngest:
             return key  # the message is never received, so never inflated
         body = next(requests, None)  # the one message of a unary call; grpcio receives it now
         if body is None:  # what grpcio answers a unary method called without a message
-            context.abort(grpc.StatusCode.UNIMPLEMENTED, f'"/{SERVICE}/Export" requires exactly one request message.')
-        return service.ingest(IngestRequest(source="grpc", body=body, authorization=header), key=key)
+            context.abort(grpc.StatusCode.UNIMPLEMENTED, f'"{self.method}" requires exactly one request message.')
+        return service.ingest(IngestRequest(source="grpc", body=body, authorization=header, logs=self.logs), key=key)
 
 
 def build_server(
@@ -124,19 +124,15 @@ def build_server(
         ],
         maximum_concurrent_rpcs=workers * 16,
     )
-    handler = grpc.method_handlers_generic_handler(
-        SERVICE,
-        {
-            # Request-streaming so that the key is checked before the message is received (module
-            # docstring); unary clients see a unary method.
-            "Export": grpc.stream_unary_rpc_method_handler(
-                TraceIngest().export,
-                request_deserializer=None,  # raw bytes: decode_traces_protobuf parses them once
-                response_serializer=ExportTraceServiceResponse.SerializeToString,
-            )
-        },
-    )
-    server.add_generic_rpc_handlers((handler,))
+    # Request-streaming so that the key is checked before the message is received (module
+    # docstring); unary clients see a unary method. Raw bytes both ways: decode_*_protobuf parses
+    # the request once, export_response gives the reply serialised.
+    handlers = [
+        grpc.method_handlers_generic_handler(name, {"Export": grpc.stream_unary_rpc_method_handler(
+            OtlpIngest(name, logs=logs).export, request_deserializer=None, response_serializer=None)})
+        for name, logs in ((TRACE_SERVICE, False), (LOGS_SERVICE, True))
+    ]
+    server.add_generic_rpc_handlers(handlers)
     if port is None:
         port = ctxlens_config().otlp_grpc_port or DEFAULT_PORT
     address = f"{host}:{port}"

@@ -1,9 +1,10 @@
 """`manage.py export_otlp`: stored traces out to any OTLP endpoint, with their original ids.
 
-The round trip: an agent's spans go into this ctxlens through the real OTel exporter and a
-live uvicorn, `export_otlp` sends them to a second ctxlens (its own uvicorn or gRPC server on
-its own migrated SQLite database), and every record the second one stores is compared field
-by field with the first.
+The round trip: an agent's spans (and the GenAI event logs that carry some LLM calls'
+messages) go into this ctxlens through the real OTel exporters and a live uvicorn,
+`export_otlp` sends them to a second ctxlens (its own uvicorn or gRPC server on its own
+migrated SQLite database), and every record the second one stores is compared field by field
+with the first.
 """
 
 from __future__ import annotations
@@ -15,14 +16,20 @@ from pathlib import Path
 
 import pytest
 from django.core.management import CommandError, call_command
+from opentelemetry.exporter.otlp.proto.http._log_exporter import OTLPLogExporter
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-from opentelemetry.sdk.trace.export import SpanExportResult
+from opentelemetry.sdk._logs import LoggerProvider
+from opentelemetry.sdk._logs.export import SimpleLogRecordProcessor
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
 
 from pipeline.ingest.records import SpanRecord
 from pipeline.ingest.write.store import store_spans
-from pipeline.models import ApiKey, Span
+from pipeline.export.job import Checkpoint
+from pipeline.models import ApiKey, Span, SpanLog
 from tests.agent_traces import record_turns, span_count
-from tests.otlp_servers import migrated_template, second_ctxlens
+from tests.otlp_servers import migrated_template, second_ctxlens, span_logs
 from tests.otlp_support import wait_for_deferred_tokens
 from tests.snapshot import snapshot
 
@@ -109,7 +116,7 @@ def test_a_round_trip_to_a_second_ctxlens_keeps_every_record(live_uvicorn, secon
     out = export("--endpoint", target.url, "--protocol", protocol, "--batch", "5",
                  "--header", f"Authorization=Bearer {second.key()}")
 
-    assert f"exported {span_count(turns=2)} spans in 3 requests" in out
+    assert f"exported {span_count(turns=2)} spans and 0 log records in 3 requests" in out
     there = wait_until_equal(second, here)
     assert_same_records(here, there)
     # The original ids went out, not new ones.
@@ -124,7 +131,8 @@ def test_it_resumes_after_the_last_span_the_endpoint_accepted(live_uvicorn, seco
     throttled = second.start_uvicorn(CTXLENS_INGEST_RATE_LIMIT="0.001", CTXLENS_INGEST_RATE_WINDOW="3600")
     args = ("--endpoint", throttled.url, "--batch", "2", "--header", f"Authorization=Bearer {key}")
 
-    with pytest.raises(CommandError, match="HTTP 429.*4 spans delivered.*run the same command again to resume"):
+    with pytest.raises(CommandError, match="HTTP 429.*4 spans and 0 log records delivered.*"
+                                           "run the same command again to resume"):
         export(*args, "--retries", "0")
     [checkpoint] = checkpoint_dir.glob("*.json")
     saved = json.loads(checkpoint.read_text())
@@ -135,9 +143,127 @@ def test_it_resumes_after_the_last_span_the_endpoint_accepted(live_uvicorn, seco
     out = export(*args)
 
     assert f"exported {total - 4} spans" in out and "resumed from checkpoint" in out
-    assert f"{total} spans exported in total" in out
+    assert f"{total} spans and 0 log records exported in total" in out
     assert len(second.snapshot()["Span"]) == total
     assert "exported 0 spans" in export(*args)  # nothing new since
+
+
+USER_QUESTION, SECOND_QUESTION = "Is the sky blue?\nBriefly.", "And 6 x 7?"
+CHAT = {"gen_ai.operation.name": "chat", "gen_ai.request.model": "gpt-4o", "gen_ai.provider.name": "openai",
+        "gen_ai.usage.input_tokens": 12, "gen_ai.usage.output_tokens": 3}
+
+
+def ingest_events_here(live_uvicorn, conversation: str) -> None:
+    """Two turns whose chat spans carry no messages: they come as GenAI event logs, sent with the
+    OTel SDK's log exporter to /v1/logs. The first turn has the current details event on its chat
+    span; the second OpenLLMetry's per-message events (with a kvlist body) on its root span."""
+    headers = {"Authorization": f"Bearer {ApiKey.generate('agent', scope='ingest')[1]}"}
+    resource = Resource.create({"service.name": "events-agent"})
+    tracer_provider = TracerProvider(resource=resource)
+    tracer_provider.add_span_processor(SimpleSpanProcessor(
+        OTLPSpanExporter(endpoint=f"{live_uvicorn.url}/v1/traces", headers=headers)))
+    logger_provider = LoggerProvider(resource=resource)
+    logger_provider.add_log_record_processor(SimpleLogRecordProcessor(
+        OTLPLogExporter(endpoint=f"{live_uvicorn.url}/v1/logs", headers=headers)))
+    tracer, logger = tracer_provider.get_tracer("events"), logger_provider.get_logger("events")
+    agent = {"gen_ai.operation.name": "invoke_agent", "gen_ai.conversation.id": conversation}
+
+    with tracer.start_as_current_span("invoke_agent", attributes=agent):
+        with tracer.start_as_current_span("chat gpt-4o", attributes=CHAT):
+            logger.emit(event_name="gen_ai.client.inference.operation.details", attributes={
+                "gen_ai.input.messages": json.dumps([{"role": "user",
+                                                      "parts": [{"type": "text", "content": USER_QUESTION}]}]),
+                "gen_ai.output.messages": json.dumps([{"role": "assistant", "finish_reason": "stop",
+                                                       "parts": [{"type": "text", "content": "Yes."}]}]),
+                "gen_ai.request.temperature": 0.5, "gen_ai.request.seed": 7,
+            })
+    with tracer.start_as_current_span("invoke_agent", attributes=agent):
+        logger.emit(event_name="gen_ai.system.message", body={"content": "You are terse."},
+                    attributes={"gen_ai.system": "openai"})
+        logger.emit(event_name="gen_ai.user.message", body={"content": SECOND_QUESTION})
+        with tracer.start_as_current_span("chat gpt-4o", attributes=CHAT):
+            pass
+        logger.emit(event_name="gen_ai.choice", body={
+            "index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "42"}})
+    logger_provider.shutdown()
+    tracer_provider.shutdown()
+
+
+@pytest.mark.parametrize("protocol", ["http/protobuf", "http/json", "grpc"])
+def test_genai_event_logs_go_too_and_the_second_ctxlens_shows_the_same_messages(live_uvicorn, second, protocol):
+    ingest_events_here(live_uvicorn, "events")
+    here, logs = settled(snapshot), span_logs()
+    assert [c["title"] for c in here["Conversation"]] == ["Is the sky blue?"] and len(logs) == 4
+    target = second.start_grpc() if protocol == "grpc" else second.start_uvicorn()
+
+    out = export("--endpoint", target.url, "--protocol", protocol, "--batch", "3",
+                 "--header", f"Authorization=Bearer {second.key()}")
+
+    assert "exported 4 spans and 4 log records in 4 requests" in out
+    there = wait_until_equal(second, here)
+    assert_same_records(here, there)
+    assert second.span_logs() == logs  # each record whole, down to the digest of its content
+    assert [c["title"] for c in there["Conversation"]] == ["Is the sky blue?"]
+    assert sorted(r["user_message"] for r in there["Round"]) == [SECOND_QUESTION, USER_QUESTION]
+    assert sorted(m["parts"][0]["content"] for call in there["LLMCall"] for m in call["input_messages"]
+                  if m["role"] == "user") == [SECOND_QUESTION, USER_QUESTION]
+
+
+def test_it_resumes_after_the_last_log_record_the_endpoint_accepted(live_uvicorn, second, checkpoint_dir):
+    ingest_events_here(live_uvicorn, "resumable-events")
+    logs = span_logs()
+    key = second.key()
+    # A bucket of 5.5 items: one request each, the 4 spans and 2 of the 4 log records go, then 429.
+    throttled = second.start_uvicorn(CTXLENS_INGEST_RATE_LIMIT="0.001", CTXLENS_INGEST_RATE_WINDOW="5500")
+    args = ("--endpoint", throttled.url, "--batch", "1", "--header", f"Authorization=Bearer {key}")
+
+    with pytest.raises(CommandError, match="HTTP 429.*4 spans and 2 log records delivered"):
+        export(*args, "--retries", "0")
+    saved = json.loads(next(checkpoint_dir.glob("*.json")).read_text())
+    first_two = SpanLog.objects.order_by("pk")[:2]
+    assert (saved["exported"], saved["logs_exported"], saved["last_log_id"]) == (4, 2, first_two[1].pk)
+    assert {log["digest"] for log in second.span_logs()} == {log.digest for log in first_two}
+
+    throttled.stop()
+    second.start_uvicorn(port=throttled.port)
+    out = export(*args)
+
+    assert "exported 0 spans and 2 log records in 2 requests" in out and "resumed from checkpoint" in out
+    assert "4 spans and 4 log records exported in total" in out
+    assert second.span_logs() == logs
+    assert "exported 0 spans and 0 log records in 0 requests" in export(*args)  # nothing new since
+
+
+def test_a_checkpoint_from_before_logs_were_exported_sends_them_next(live_uvicorn, second):
+    ingest_events_here(live_uvicorn, "old-checkpoint")
+    target = second.start_uvicorn()
+    args = ("--endpoint", target.url, "--header", f"Authorization=Bearer {second.key()}")
+    last = Span.objects.order_by("received_at", "pk").last()
+    old = Checkpoint.for_job(target.url, {})  # what export_otlp wrote when it sent only spans
+    old.path.parent.mkdir(parents=True)
+    old.path.write_text(json.dumps({"endpoint": target.url, "filters": {}, "received_at": last.received_at.isoformat(),
+                                    "last_id": last.pk, "exported": 4, "updated_at": "2025-01-01T00:00:00+00:00"}))
+
+    out = export(*args)
+
+    assert "exported 0 spans and 4 log records" in out and "4 spans and 4 log records exported in total" in out
+    assert second.span_logs() == span_logs()
+    again = export(*args, "--restart")  # starts over for both
+    assert "exported 4 spans and 4 log records" in again and "4 spans and 4 log records exported in total" in again
+
+
+def test_only_the_log_records_of_the_chosen_conversation_go(live_uvicorn, second):
+    ingest_events_here(live_uvicorn, "wanted")
+    ingest_events_here(live_uvicorn, "unwanted")
+    wanted = set(Span.objects.filter(conversation__external_id="wanted").values_list("trace_id", flat=True))
+    target = second.start_uvicorn()
+
+    # An endpoint naming the traces URL: the log records go beside it, to /v1/logs.
+    out = export("--endpoint", f"{target.url}/v1/traces", "--conversation", "wanted",
+                 "--header", f"Authorization=Bearer {second.key()}")
+
+    assert "exported 4 spans and 4 log records" in out
+    assert second.span_logs() == [log for log in span_logs() if log["trace_id"] in wanted]
 
 
 def test_conversation_and_since_select_what_goes(live_uvicorn, second, capsys):

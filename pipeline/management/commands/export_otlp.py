@@ -3,9 +3,11 @@
     manage.py export_otlp --endpoint http://collector:4318 [--since 7d] [--conversation ID]
         [--header Authorization="Bearer …"] [--protocol http/protobuf|http/json|grpc] [--batch 500]
 
-Resumable: a checkpoint under the data dir, keyed by endpoint and filters, records the last
-span delivered; running the same command again continues from there (and later picks up
-only new spans). `--restart` starts over.
+The spans go first (/v1/traces, TraceService), then the OTLP log records stored with their
+traces — GenAI message events, where some instrumentations put an LLM call's messages —
+(/v1/logs, LogsService). Resumable: a checkpoint under the data dir, keyed by endpoint and
+filters, records the last span and the last log record delivered; running the same command
+again continues from there (and later picks up only new ones). `--restart` starts over.
 """
 
 from __future__ import annotations
@@ -16,15 +18,25 @@ import time
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from tqdm import tqdm
 
-from pipeline.export.encode import spans_to_request
-from pipeline.export.job import Checkpoint, batches, after, find_conversation, parse_since, redact_url, select_spans
+from pipeline.export.encode import logs_to_request, spans_to_request
+from pipeline.export.job import (
+    Checkpoint,
+    after,
+    batches,
+    find_conversation,
+    log_batches,
+    parse_since,
+    redact_url,
+    select_logs,
+    select_spans,
+)
 from pipeline.runtime.telemetry.otlp_client import PROTOCOLS, OtlpClient
 from pipeline.runtime.telemetry.otlp_outcome import ExportError
 from pipeline.runtime.telemetry.config import parse_header_options
 
 
 class Command(BaseCommand):
-    help = "Export stored spans to an OTLP endpoint (HTTP protobuf, HTTP JSON or gRPC), resumably."
+    help = "Export stored spans and their log records to an OTLP endpoint (HTTP protobuf, JSON or gRPC), resumably."
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--endpoint", required=True, help="e.g. http://collector:4318 or http://host:4317 for grpc")
@@ -34,7 +46,7 @@ class Command(BaseCommand):
                             help="extra request header / gRPC metadata, value percent-decoded "
                                  "(Bearer%%20ctx_…); repeat for several")
         parser.add_argument("--protocol", choices=PROTOCOLS, default="http/protobuf")
-        parser.add_argument("--batch", type=int, default=500, help="spans per request (default 500)")
+        parser.add_argument("--batch", type=int, default=500, help="spans or log records per request (default 500)")
         parser.add_argument("--timeout", type=float, default=30.0, help="seconds per request")
         parser.add_argument("--retries", type=int, default=8, help="retries per request on transient errors")
         parser.add_argument("--no-compression", action="store_true", help="send uncompressed bodies")
@@ -76,32 +88,42 @@ class Command(BaseCommand):
         if options["restart"]:
             checkpoint.reset()
         spans = select_spans(since, conversation)
-        resumed = checkpoint.position is not None
-        remaining = after(spans, checkpoint.position).count()
-        started, sent, requests, rejected = time.monotonic(), 0, 0, 0
-        progress = tqdm(total=remaining, unit="span", file=sys.stderr, disable=bool(options["no_progress"]),
+        logs = select_logs(since, conversation)
+        resumed = checkpoint.position is not None or checkpoint.last_log_id > 0
+        remaining = after(spans, checkpoint.position).count() + logs.filter(pk__gt=checkpoint.last_log_id).count()
+        started, requests, rejected = time.monotonic(), 0, 0
+        delivered = {"spans": 0, "log records": 0}
+        progress = tqdm(total=remaining, unit="record", file=sys.stderr, disable=bool(options["no_progress"]),
                         desc="export")
+        phases = [  # the spans first, then the log records of their traces
+            ("spans", batches(spans, checkpoint.position, batch_size), spans_to_request, checkpoint.advance),
+            ("log records", log_batches(logs, checkpoint.last_log_id, batch_size), logs_to_request,
+             checkpoint.advance_logs),
+        ]
         try:
-            for batch in batches(spans, checkpoint.position, batch_size):
-                try:
-                    result = client.send(spans_to_request(batch))
-                except ExportError as error:
-                    raise CommandError(
-                        f"{error} — {sent} spans delivered in this run; run the same command again to resume"
-                    ) from None
-                rejected += result.rejected_spans
-                if result.rejected_spans:
-                    progress.write(f"the endpoint rejected {result.rejected_spans} spans: {result.message}")
-                checkpoint.advance(batch[-1], len(batch))
-                sent += len(batch)
-                requests += 1
-                progress.update(len(batch))
+            for noun, pages, encode, advance in phases:
+                for batch in pages:
+                    try:
+                        result = client.send(encode(batch))
+                    except ExportError as error:
+                        raise CommandError(
+                            f"{error} — {delivered['spans']} spans and {delivered['log records']} log records "
+                            "delivered in this run; run the same command again to resume"
+                        ) from None
+                    rejected += result.rejected
+                    if result.rejected:
+                        progress.write(f"the endpoint rejected {result.rejected} {noun}: {result.message}")
+                    advance(batch[-1], len(batch))
+                    delivered[noun] += len(batch)
+                    requests += 1
+                    progress.update(len(batch))
         finally:
             progress.close()
             client.close()
         seconds = time.monotonic() - started
         self.stdout.write(
-            f"exported {sent} spans in {requests} requests to {redact_url(endpoint)} ({options['protocol']}) "
-            f"in {seconds:.1f} s; {rejected} rejected by the endpoint; "
-            f"{'resumed from checkpoint, ' if resumed else ''}{checkpoint.exported} spans exported in total"
+            f"exported {delivered['spans']} spans and {delivered['log records']} log records in {requests} requests "
+            f"to {redact_url(endpoint)} ({options['protocol']}) in {seconds:.1f} s; {rejected} rejected by the "
+            f"endpoint; {'resumed from checkpoint, ' if resumed else ''}{checkpoint.exported} spans and "
+            f"{checkpoint.logs_exported} log records exported in total"
         )

@@ -35,8 +35,8 @@ class JsonSpanExporter(SpanExporter):
         except ExportError as error:
             logger.warning("OTLP/JSON export of %d spans failed: %s", len(spans), error)
             return SpanExportResult.FAILURE
-        if result.rejected_spans:
-            logger.warning("the OTLP endpoint rejected %d spans: %s", result.rejected_spans, result.message)
+        if result.rejected:
+            logger.warning("the OTLP endpoint rejected %d spans: %s", result.rejected, result.message)
         return SpanExportResult.SUCCESS
 
     def shutdown(self) -> None:

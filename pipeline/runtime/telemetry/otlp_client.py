@@ -1,4 +1,4 @@
-"""Send ExportTraceServiceRequests to any OTLP endpoint: HTTP protobuf, HTTP JSON or gRPC.
+"""Send OTLP export requests (spans or log records) to any OTLP endpoint: HTTP protobuf, HTTP JSON or gRPC.
 
 Retries follow the OTLP spec: HTTP 429/502/503/504 and dropped connections, gRPC
 UNAVAILABLE/RESOURCE_EXHAUSTED/…, with exponential backoff and jitter, honouring
@@ -19,17 +19,22 @@ import urllib.request
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
+from google.protobuf.message import Message
+from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest, ExportLogsServiceResponse
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
     ExportTraceServiceResponse,
 )
 
 from pipeline.runtime.telemetry.otlp_json import request_to_json
-from pipeline.runtime.telemetry.otlp_outcome import ExportError, ExportResult, Retry
+from pipeline.runtime.telemetry.otlp_outcome import ExportError, ExportResult, Retry, accepted_but
 
 PROTOCOLS = ("http/protobuf", "http/json", "grpc")
 RETRYABLE_HTTP = frozenset({429, 502, 503, 504})
 MAX_BACKOFF_SECONDS = 60.0
+ExportRequest = ExportTraceServiceRequest | ExportLogsServiceRequest
+REPLIES: dict[type[Message], type[Message]] = {ExportTraceServiceRequest: ExportTraceServiceResponse,
+                                               ExportLogsServiceRequest: ExportLogsServiceResponse}
 
 
 def parse_retry_after(value: str | None, now: float | None = None) -> float | None:
@@ -56,6 +61,13 @@ def traces_url(endpoint: str) -> str:
     return urllib.parse.urlunsplit(parts)
 
 
+def logs_url(endpoint: str) -> str:
+    """Beside the traces: `http://host:4318` → `http://host:4318/v1/logs`, `…/otlp/v1/traces` →
+    `…/otlp/v1/logs`; another path gets `/v1/logs` after it."""
+    parts = urllib.parse.urlsplit(traces_url(endpoint))
+    return urllib.parse.urlunsplit(parts._replace(path=parts.path.removesuffix("/v1/traces").rstrip("/") + "/v1/logs"))
+
+
 @dataclass
 class OtlpClient:
     endpoint: str
@@ -71,18 +83,20 @@ class OtlpClient:
             raise ExportError(f"unknown protocol {self.protocol!r}; use one of {', '.join(PROTOCOLS)}")
         self._grpc = None
         if self.protocol == "grpc":
-            from pipeline.runtime.telemetry.otlp_grpc_client import GrpcTraceClient
+            from pipeline.runtime.telemetry.otlp_grpc_client import GrpcExportClient
 
-            self._grpc = GrpcTraceClient(self.endpoint, self.headers, self.timeout, self.compression)
+            self._grpc = GrpcExportClient(self.endpoint, self.headers, self.timeout, self.compression)
         else:
-            self._url = traces_url(self.endpoint)
+            self._urls = {ExportTraceServiceRequest: traces_url(self.endpoint),
+                          ExportLogsServiceRequest: logs_url(self.endpoint)}
 
     def close(self) -> None:
         if self._grpc is not None:
             self._grpc.close()
 
-    def send(self, request: ExportTraceServiceRequest) -> ExportResult:
-        """Deliver one request, retrying transient failures; raises ExportError otherwise."""
+    def send(self, request: ExportRequest) -> ExportResult:
+        """Deliver one request of spans or of log records, retrying transient failures; raises
+        ExportError otherwise."""
         for attempt in range(self.max_retries + 1):
             try:
                 result = self._grpc.export(request) if self._grpc else self._post(request)
@@ -95,7 +109,7 @@ class OtlpClient:
                 self.sleep(min(MAX_BACKOFF_SECONDS, retry.delay) if retry.delay is not None else backoff)
         raise AssertionError("unreachable")
 
-    def _post(self, request: ExportTraceServiceRequest) -> ExportResult:
+    def _post(self, request: ExportRequest) -> ExportResult:
         if self.protocol == "http/json":
             body, content_type = request_to_json(request), "application/json"
         else:
@@ -104,10 +118,10 @@ class OtlpClient:
         if self.compression:
             body = gzip.compress(body, compresslevel=5)
             headers["Content-Encoding"] = "gzip"
-        http_request = urllib.request.Request(self._url, data=body, headers=headers, method="POST")
+        http_request = urllib.request.Request(self._urls[type(request)], data=body, headers=headers, method="POST")
         try:
             with urllib.request.urlopen(http_request, timeout=self.timeout) as reply:
-                return _partial_success(reply.read(), reply.headers.get("Content-Type", ""))
+                return _partial_success(type(request), reply.read(), reply.headers.get("Content-Type", ""))
         except urllib.error.HTTPError as error:
             detail = error.read()[:300].decode("utf-8", errors="replace")
             if error.code in RETRYABLE_HTTP:
@@ -118,8 +132,8 @@ class OtlpClient:
             raise Retry(f"connection failed ({reason})") from None
 
 
-def _partial_success(body: bytes, content_type: str) -> ExportResult:
-    response = ExportTraceServiceResponse()
+def _partial_success(request_type: type[Message], body: bytes, content_type: str) -> ExportResult:
+    response = REPLIES[request_type]()
     try:
         if "json" in content_type:
             from google.protobuf import json_format
@@ -129,5 +143,4 @@ def _partial_success(body: bytes, content_type: str) -> ExportResult:
             response.ParseFromString(body)
     except Exception:  # a 2xx with a body we cannot read is still a success (as the OTel SDK treats it)
         return ExportResult()
-    partial = response.partial_success
-    return ExportResult(rejected_spans=partial.rejected_spans, message=partial.error_message)
+    return accepted_but(response.partial_success)

@@ -1,4 +1,5 @@
-"""The gRPC half of OtlpClient: TraceService/Export with OTLP's retryable status codes."""
+"""The gRPC half of OtlpClient: TraceService/Export and LogsService/Export with OTLP's retryable
+status codes."""
 
 from __future__ import annotations
 
@@ -7,10 +8,12 @@ from collections.abc import Mapping
 
 import grpc
 from google.rpc.error_details_pb2 import RetryInfo
+from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
+from opentelemetry.proto.collector.logs.v1.logs_service_pb2_grpc import LogsServiceStub
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2_grpc import TraceServiceStub
 
-from pipeline.runtime.telemetry.otlp_outcome import ExportError, ExportResult, Retry
+from pipeline.runtime.telemetry.otlp_outcome import ExportError, ExportResult, Retry, accepted_but
 
 RETRYABLE_GRPC = frozenset(
     {
@@ -51,7 +54,7 @@ def retry_delay(error: grpc.RpcError) -> float | None:
     return info.retry_delay.seconds + info.retry_delay.nanos / 1e9
 
 
-class GrpcTraceClient:
+class GrpcExportClient:
     def __init__(self, endpoint: str, headers: Mapping[str, str], timeout: float, compression: bool) -> None:
         target, insecure = grpc_target(endpoint)
         options = [("grpc.max_send_message_length", 64 * 1024 * 1024)]
@@ -60,15 +63,16 @@ class GrpcTraceClient:
             if insecure
             else grpc.secure_channel(target, grpc.ssl_channel_credentials(), options=options)
         )
-        self._stub = TraceServiceStub(self._channel)
+        self._exports = {ExportTraceServiceRequest: TraceServiceStub(self._channel).Export,
+                         ExportLogsServiceRequest: LogsServiceStub(self._channel).Export}
         # gRPC metadata keys must be lower case.
         self._metadata = tuple((key.lower(), value) for key, value in headers.items())
         self._timeout = timeout
         self._compression = grpc.Compression.Gzip if compression else grpc.Compression.NoCompression
 
-    def export(self, request: ExportTraceServiceRequest) -> ExportResult:
+    def export(self, request: ExportTraceServiceRequest | ExportLogsServiceRequest) -> ExportResult:
         try:
-            response = self._stub.Export(
+            response = self._exports[type(request)](
                 request, metadata=self._metadata, timeout=self._timeout, compression=self._compression
             )
         except grpc.RpcError as error:
@@ -76,8 +80,7 @@ class GrpcTraceClient:
             if code in RETRYABLE_GRPC:
                 raise Retry(f"gRPC {code.name}", retry_delay(error)) from None
             raise ExportError(f"the endpoint answered gRPC {code.name}: {error.details()}") from None
-        partial = response.partial_success
-        return ExportResult(rejected_spans=partial.rejected_spans, message=partial.error_message)
+        return accepted_but(response.partial_success)
 
     def close(self) -> None:
         self._channel.close()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 
 class ExportError(Exception):
@@ -11,9 +12,15 @@ class ExportError(Exception):
 
 @dataclass
 class ExportResult:
-    rejected_spans: int = 0
+    rejected: int = 0  # the spans, or log records, the endpoint refused
     message: str = ""
     attempts: int = 1
+
+
+def accepted_but(partial: Any) -> ExportResult:
+    """The result a reply's partial_success gives, of a traces or a logs request."""
+    rejected = partial.rejected_log_records if hasattr(partial, "rejected_log_records") else partial.rejected_spans
+    return ExportResult(rejected=rejected, message=partial.error_message)
 
 
 class Retry(Exception):
