@@ -27,7 +27,8 @@ Invariants, which win over those rules where they collide (each tested, also as 
   count, the protected rounds and the protection of HIGH messages give way: tool observations
   and thoughts are extracted, oldest first (earlier rounds before the current one), then whole
   units removed, until the conversation is under the threshold again. The newest tool call
-  with its observations, CRITICAL messages and the system prompt are never touched;
+  with its observations (while the model has not answered them: skill messages injected after
+  them do not count), CRITICAL messages and the system prompt are never touched;
 - the result is never larger than the input (nothing changes when nothing can be saved).
 
 Compression works oldest first and stops once the conversation is under the target,
@@ -39,9 +40,10 @@ fit without compressing again (TRUNCATE, as the seeds say, always cuts down to i
   drops old system notices.
 - SUMMARIZE extracts now and asks a `Summariser` (any LangChain chat model) for a summary of
   the originals in the background; `apply_summaries` swaps the extracts for the cached summary
-  from the next round on. Only whole units that were extracted are summarised (an answer without
-  tool calls, or, past the window, a tool call with all its observations), so swapping the
-  summary in never separates a tool call from its observation.
+  from the next round on, placed where the last of them was (after every question they
+  answer). Only whole units that were extracted are summarised (an answer without tool calls,
+  or, past the window, a tool call with all its observations), so swapping the summary in never
+  separates a tool call from its observation.
 """
 
 from __future__ import annotations
@@ -60,17 +62,18 @@ from pipeline.runtime.context import (
     SUMMARY_CATEGORY,
     ContextUsage,
     MessageImportance,
+    MessageTokens,
     category_of,
+    count_on_measure_scale,
     importance_of,
     marker,
     measure,
-    message_tokens,
     needs_compression,
     tool_call_ids,
     with_marker,
 )
 from pipeline.runtime.summariser import Summariser
-from pipeline.tokens.counting import context_window, count_message_tokens
+from pipeline.tokens.counting import context_window
 
 TARGET_FACTOR = 0.75
 EXTRACT_CHARS = 240
@@ -146,6 +149,15 @@ def group_units(messages: Sequence[BaseMessage]) -> list[list[int]]:
         for call in tool_call_ids(message):
             owner[call] = len(units) - 1
     return units
+
+
+def newest_tool_unit(messages: Sequence[BaseMessage], units: list[list[int]]) -> list[int] | None:
+    """The unit of the newest AIMessage that calls tools (with its ToolMessages) while the model
+    has not read its results yet: no AIMessage follows it, only skill, user or system messages."""
+    for unit in reversed(units):
+        if isinstance(messages[unit[0]], AIMessage):
+            return unit if tool_call_ids(messages[unit[0]]) else None
+    return None
 
 
 def round_numbers(messages: Sequence[BaseMessage]) -> list[int]:
@@ -271,8 +283,9 @@ class ContextCompressor:
         """
         started = time.time_ns()
         before = list(messages)
-        tokens = message_tokens(before, self.model)
-        total = sum(tokens)
+        counted = count_on_measure_scale(before, self.model)  # the scale `prepare` decided on
+        tokens = counted.per_message
+        total = counted.total
         over_window = total > self.window
         if len(before) < self.min_messages and not over_window:
             return None
@@ -317,7 +330,7 @@ class ContextCompressor:
 
         def shorten(i: int) -> int:
             shorter = self._extract(before[i], tokens[i])
-            count = count_message_tokens(shorter, self.model)
+            count = counted.count(shorter, self.model)
             if count >= tokens[i]:
                 already_short.add(i)
                 return 0
@@ -347,9 +360,11 @@ class ContextCompressor:
                     total -= shorten(i)
 
         if total > self.window:  # the request would be refused: the window wins over the rules
-            # Oldest first, so earlier rounds go before the current one; never the newest unit,
-            # the tool results the model is about to read.
-            last_resort = [u for u in units[:-1] if u[0] >= pinned]
+            # Oldest first, so earlier rounds go before the current one; never the newest tool call
+            # with its observations, the results the model is about to read (skill messages may
+            # follow them), nor the last unit.
+            newest = newest_tool_unit(before, units)
+            last_resort = [u for u in units[:-1] if u[0] >= pinned and u is not newest]
             for unit in last_resort:
                 if total <= int(self.window * self.threshold):
                     break
@@ -385,7 +400,7 @@ class ContextCompressor:
                 content=f"[Context compressed: {len(dropped)} earlier messages were removed to fit the window.]",
                 additional_kwargs={"ctxlens": {"category": SUMMARY_CATEGORY, "importance": "high"}},
             )
-            cost = count_message_tokens(notice, self.model)
+            cost = counted.count(notice, self.model)
             if notice_at is not None and cost < usage_before.tokens - total:
                 position = sum(1 for m in slots[:notice_at] if m is not None)
                 after.insert(position, notice)
@@ -415,7 +430,8 @@ class ContextCompressor:
             return None
         started = time.time_ns()
         before = list(messages)
-        tokens = message_tokens(before, self.model)
+        counted = count_on_measure_scale(before, self.model)
+        tokens = counted.per_message
         groups: dict[str, list[int]] = {}
         for index, message in enumerate(before):
             key = marker(message).get("summary_key")
@@ -427,25 +443,30 @@ class ContextCompressor:
             text = self.summariser.cached(key)
             if not text:
                 continue
-            message = self._summary_message(key, text, len(indexes), sum(tokens[i] for i in indexes))
+            message = self._summary_message(key, text, len(indexes), sum(tokens[i] for i in indexes), counted)
             if message is None:
                 continue
             summaries.append(_text(message))
             replace.update(dict.fromkeys(indexes))
-            replace[indexes[0]] = message
+            # At the last message it stands for: never before a user message whose answer it summarises.
+            replace[indexes[-1]] = message
         if not summaries:
             return None
+        after_tokens = [counted.count(replace[i], self.model) if replace.get(i) is not None else t
+                        for i, t in enumerate(tokens) if i not in replace or replace[i] is not None]
         after = [replace[i] if i in replace else m for i, m in enumerate(before)]
         after = [m for m in after if m is not None]
         return CompressionResult(
             strategy=CompressionStrategy.SUMMARIZE, before=before, after=after,
             usage_before=measure(before, self.model, self.window, tokens),
-            usage_after=measure(after, self.model, self.window), summarised=sorted(replace),
+            usage_after=measure(after, self.model, self.window, after_tokens), summarised=sorted(replace),
             summary="\n\n".join(summaries), summary_status="applied", selection="the background summary is ready",
             started_ns=started, ended_ns=time.time_ns(),
         )
 
-    def _summary_message(self, key: str, text: str, count: int, budget: int) -> HumanMessage | None:
+    def _summary_message(
+        self, key: str, text: str, count: int, budget: int, counted: MessageTokens
+    ) -> HumanMessage | None:
         """The summary as one message, cut to fit `budget` tokens; None if it cannot save any."""
         marker_fields = {"category": SUMMARY_CATEGORY, "importance": "high", "summary_of": key}
         for limit in (len(text), *(int(len(text) * f) for f in (0.5, 0.25, 0.1))):
@@ -453,7 +474,7 @@ class ContextCompressor:
             message = HumanMessage(
                 content=f"[Summary of {count} earlier messages]\n{body}", additional_kwargs={"ctxlens": marker_fields}
             )
-            tokens = count_message_tokens(message, self.model)
+            tokens = counted.count(message, self.model)
             if tokens < budget and tokens >= MIN_SUMMARY_TOKENS:
                 return message
         return None

@@ -91,6 +91,34 @@ def message_tokens(messages: Sequence[BaseMessage], model: str) -> list[int]:
 
 
 @dataclass(frozen=True)
+class MessageTokens:
+    """Per-message tokens on the scale `measure` decides by: when a provider's exact counter is
+    registered for the model its total is the truth, and the tokenizer's per-message counts are
+    scaled to it (`factor`); `count` puts a further message (an extract, a notice) on that scale."""
+
+    per_message: list[int]
+    factor: float = 1.0
+
+    @property
+    def total(self) -> int:
+        return sum(self.per_message)
+
+    def count(self, message: BaseMessage, model: str) -> int:
+        tokens = count_message_tokens(message, model)
+        return tokens if self.factor == 1.0 else max(round(tokens * self.factor), 1)
+
+
+def count_on_measure_scale(messages: Sequence[BaseMessage], model: str) -> MessageTokens:
+    """Every message counted once, scaled to a provider's exact total when there is one."""
+    counted = count_messages(messages, model)
+    approximated = sum(counted.per_message)
+    if not counted.exact_total or not approximated or counted.tokens == approximated:
+        return MessageTokens(list(counted.per_message))
+    scaled = scale_to_total(dict(enumerate(counted.per_message)), counted.tokens)
+    return MessageTokens([scaled[i] for i in range(len(messages))], counted.tokens / approximated)
+
+
+@dataclass(frozen=True)
 class ContextUsage:
     """What fills the model's window, by category; `free` is what is left."""
 

@@ -336,6 +336,22 @@ class ToolExecutor:
     def _success(
         self, tool: BaseTool | Callable[..., Any], request: ToolInvocationRequest, raw: Any, level: OutputLevel, ctx: ExecutionContext
     ) -> ToolExecutionResult:
+        """The result of a tool that returned `raw`; a result that cannot be rendered (a failing
+        __str__, say) is an INTERNAL failure, never an exception, so its call is still answered."""
+        try:
+            return self._observe(tool, request, raw, level, ctx)
+        except Exception as exc:
+            logger.warning("tool %s call %s: its result could not be rendered", request.tool_name,
+                           request.tool_call_id, exc_info=True)
+            return ToolExecutionResult.failure(
+                request.tool_call_id, request.tool_name, ToolErrorType.INTERNAL,
+                self._redact(f"The result could not be rendered as text: {type(exc).__name__}: {exc}"),
+                code="UNRENDERABLE_RESULT", output_level=level,
+            )
+
+    def _observe(
+        self, tool: BaseTool | Callable[..., Any], request: ToolInvocationRequest, raw: Any, level: OutputLevel, ctx: ExecutionContext
+    ) -> ToolExecutionResult:
         text, mime = to_text(raw)
         data = text.encode("utf-8")
         result = ToolExecutionResult(

@@ -69,13 +69,64 @@ def effective_level(
     return OutputLevel.parse(config.default_output_level)
 
 
+CIRCULAR = "<circular reference>"
+
+
+def _safe_repr(value: Any) -> str:
+    try:
+        return repr(value)
+    except Exception:
+        return f"<{type(value).__name__} object>"
+
+
+def _safe_str(value: Any) -> str:
+    try:
+        return str(value)
+    except Exception:
+        return _safe_repr(value)
+
+
+def _jsonable(value: Any, ancestors: frozenset[int] = frozenset()) -> Any:
+    """`value` with what JSON cannot hold rendered as text: a key that is not a string or number
+    (a tuple, say) becomes its repr, a container that contains itself becomes CIRCULAR, and
+    any other object its str()."""
+    if value is None or isinstance(value, str | int | float | bool):
+        return value
+    if isinstance(value, Mapping | list | tuple):
+        if id(value) in ancestors:
+            return CIRCULAR
+        inner = ancestors | {id(value)}
+        if isinstance(value, Mapping):
+            return {
+                (key if key is None or isinstance(key, str | int | float | bool) else _safe_repr(key)):
+                    _jsonable(item, inner)
+                for key, item in value.items()
+            }
+        return [_jsonable(item, inner) for item in value]
+    return _safe_str(value)
+
+
+def to_json(data: Any, indent: int | None = None) -> str:
+    """JSON text of `data`; what JSON cannot hold (tuple keys, cycles, odd objects) is shown as
+    text (`_jsonable`) rather than raising."""
+    try:
+        return json.dumps(data, ensure_ascii=False, indent=indent, default=_safe_str)
+    except (TypeError, ValueError, RecursionError):
+        pass
+    try:
+        return json.dumps(_jsonable(data), ensure_ascii=False, indent=indent, default=_safe_str)
+    except (TypeError, ValueError, RecursionError):  # nested too deep for the encoder
+        return _safe_repr(data)
+
+
 def to_text(data: Any) -> tuple[str, str]:
-    """Serialise a tool's raw output: (text, mime). Strings stay as they are; the rest is JSON."""
+    """Serialise a tool's raw output: (text, mime). Strings stay as they are; the rest is JSON
+    (`to_json`: never raises, whatever the tool returned)."""
     if isinstance(data, str):
         return data, "text/plain"
     if isinstance(data, bytes | bytearray):
         return bytes(data).decode("utf-8", errors="replace"), "text/plain"
-    return json.dumps(data, ensure_ascii=False, indent=2, default=str), "application/json"
+    return to_json(data, indent=2), "application/json"
 
 
 def _clip(text: str, limit: int) -> str:
@@ -95,7 +146,7 @@ def format_brief(data: Any) -> str:
 
 def format_standard(data: Any) -> str:
     if isinstance(data, list | tuple):
-        items = "\n".join(f"  - {json.dumps(item, ensure_ascii=False, default=str)}" for item in data[:STANDARD_ITEMS])
+        items = "\n".join(f"  - {to_json(item)}" for item in data[:STANDARD_ITEMS])
         more = f"\n  ... and {len(data) - STANDARD_ITEMS} more" if len(data) > STANDARD_ITEMS else ""
         return f"Found {len(data)} items:\n{items}{more}".rstrip(":\n")
     return _clip(to_text(data)[0], STANDARD_CHARS)

@@ -11,6 +11,7 @@ from langchain_core.messages import AIMessage, HumanMessage, SystemMessage, Tool
 from langchain_core.tools import StructuredTool, tool
 
 from pipeline.runtime.agent import Agent, run_agent
+from pipeline.runtime.artifacts import LocalArtifactStore
 from pipeline.runtime.context import marker, pairing_problems
 from pipeline.runtime.demo.fake_model import ScriptedChatModel, calls, tool_call
 from pipeline.runtime.protocol import ToolError, ToolErrorType
@@ -109,6 +110,21 @@ def test_invalid_tool_calls_get_an_error_answer_with_their_id():
     answer = run.messages[2]
     assert answer.tool_call_id == "call_bad" and answer.status == "error" and "bad JSON" in answer.content
     assert run.rounds[0].tool_call_ids == ["call_bad"] and pairing_problems(run.messages) == []
+
+
+@tool
+def sales_by_region_quarter() -> dict:
+    """Revenue keyed by (region, quarter)."""
+    return {("EMEA", "Q3"): 1200.5, ("APAC", "Q3"): 980.0}
+
+
+def test_a_tool_result_json_cannot_hold_still_answers_its_call(tmp_path):
+    model = ScriptedChatModel.from_script([calls(tool_call("sales_by_region_quarter", {}, "c1")), "EMEA leads."])
+    agent = Agent(model, [sales_by_region_quarter], artifact_store=LocalArtifactStore(tmp_path))
+    round_ = agent.turn("Q3 by region?")
+    assert round_.status == "ok" and round_.final_answer == "EMEA leads."
+    assert pairing_problems(agent.messages) == []
+    assert "('EMEA', 'Q3')" in model.seen[1][-1].content
 
 
 def test_it_works_with_a_model_without_bind_tools_and_never_invents_ids():
@@ -218,6 +234,26 @@ def test_the_instructions_of_an_active_skill_survive_compression_within_its_roun
     instruction = next(m for m in model.seen[1] if marker(m).get("kind") == "instruction")
     assert all(any(m is instruction for m in sent) for sent in model.seen[1:])
     assert "# Report writing" in instruction.content
+
+
+def test_the_newest_tool_result_reaches_the_model_whole_when_skill_messages_follow_it(settings):
+    settings.CTXLENS_SKILLS_DIR = ROOT / "skills"
+    table = " ".join(f"row{i}=value{i}" for i in range(900))
+    query_sales = StructuredTool.from_function(
+        lambda q: table, name="query_sales", description="Query the sales table.",
+        metadata={"ctxlens_store_artifacts": False, "ctxlens_output_level": "full"},
+    )
+    model = ScriptedChatModel.from_script([
+        calls(tool_call(ACTIVATE_TOOL, {"name": "sales-analysis"}, "a1"), tool_call("query_sales", {"q": "q3"}, "q1")),
+        "Revenue answer.",
+    ])
+    history = [HumanMessage("Last year?"), AIMessage("Last year's figures were flat. " * 100)]
+    agent = Agent(model, [query_sales], skills=SkillRegistry(), context_window=5200, messages=history)
+    round_ = agent.turn("Q3 revenue by region? " + "context " * 1000)
+    assert round_.status == "ok" and round_.compressions  # the old answer gave way …
+    observation = next(m for m in model.seen[1] if getattr(m, "tool_call_id", None) == "q1")
+    assert observation.content == table  # … the result the model is about to read did not
+    assert pairing_problems(model.seen[1]) == []
 
 
 def test_observations_turn_brief_when_the_window_stays_over_80_percent():

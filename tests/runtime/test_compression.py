@@ -20,7 +20,13 @@ from pipeline.runtime.compression import CompressionStrategy, ContextCompressor,
 from pipeline.runtime.context import MessageImportance, importance_of, marker, pairing_problems
 from pipeline.runtime.skills import SkillMessage
 from pipeline.runtime.summariser import Summariser
-from pipeline.tokens.counting import count_conversation_tokens, count_message_tokens
+from pipeline.tokens.counting import (
+    count_conversation_tokens,
+    count_message_tokens,
+    count_messages,
+    register_exact_counter,
+    unregister_exact_counter,
+)
 
 MODEL = "gpt-4o"
 STRATEGIES = [CompressionStrategy.TRUNCATE, CompressionStrategy.EXTRACT, CompressionStrategy.SUMMARIZE]
@@ -249,6 +255,28 @@ def test_a_conversation_over_the_window_gives_up_the_protections_oldest_first_bu
     assert result.summarised[0] == 2 and kept(round_[-1], result) and kept(round_[-2], result)
 
 
+def test_over_the_window_the_newest_tool_results_are_kept_even_when_skill_messages_follow_them():
+    table = " ".join(f"row{i}=value{i}" for i in range(900))
+    messages = [
+        SystemMessage("You are a sales analyst."),
+        HumanMessage("Q3 revenue by region? " + "context " * 900),
+        AIMessage("", tool_calls=[{"id": "a1", "name": "activate_skill", "args": {"name": "sales"}},
+                                  {"id": "q1", "name": "query_sales", "args": {"q": "q3"}}]),
+        ToolMessage("Skill sales activated.", tool_call_id="a1", additional_kwargs={"ctxlens": {"category": "skills"}}),
+        ToolMessage(table, tool_call_id="q1", name="query_sales"),
+        SkillMessage("sales-analysis", "instruction", "Always cite the table.", False).to_message(),
+        SkillMessage("sales-analysis", "permissions", "Tools: query_sales.", False).to_message(),
+    ]
+    result = ContextCompressor(MODEL, window=3500).compress(messages, "extract")
+    assert result is None or all(kept(m, result) for m in messages[2:5])
+    # With an older answer to give way, that goes and the newest results stay whole.
+    older = [HumanMessage("Last year?"), AIMessage("Last year's figures were flat. " * 300)]
+    longer = [messages[0], *older, *messages[1:]]
+    result = ContextCompressor(MODEL, window=fitting(longer, 0.9)).compress(longer, "extract")
+    check_invariants(longer, result)
+    assert 2 in [*result.summarised, *result.dropped] and all(kept(m, result) for m in longer[4:7])
+
+
 def test_under_twenty_messages_nothing_is_compressed_while_the_conversation_fits():
     messages = long_conversation(rounds=4, rows=300)  # 17 messages
     for strategy in STRATEGIES:
@@ -358,6 +386,27 @@ def test_summarize_extracts_now_and_uses_the_background_summary_from_the_next_ro
     summariser.close()
 
 
+def test_a_summary_of_answers_from_several_rounds_follows_the_questions_they_answer():
+    summariser = Summariser(RecordingChatModel(calls=[], reply="A1: Paris. A2: 42."), model=MODEL, cache=cache)
+    messages: list[BaseMessage] = [SystemMessage("sys")]
+    for n, question in enumerate(["Capital of France?", "Answer to everything?", "Colour of the sky?"], 1):
+        messages += [HumanMessage(f"U{n}: {question}"), AIMessage(f"A{n}: " + "detail " * 400)]
+    for n in range(4, 7):
+        messages += [HumanMessage(f"U{n}: q"), AIMessage(f"A{n}: short")]
+    messages.append(HumanMessage("U7: now?"))
+    compressor = ContextCompressor(MODEL, window=1500, strategy="summarize", summariser=summariser,
+                                   min_messages=0, protect_rounds=3)
+    first = compressor.compress(messages)
+    assert len(first.summarised) >= 2 and summariser.wait(5)  # answers of rounds 1 and 2, one summary
+    after, [applied] = compressor.prepare(first.after, round_start=True)
+    check_invariants(first.after, applied)
+    [at] = [i for i, m in enumerate(after) if marker(m).get("summary_of")]
+    questions = [str(m.content)[:2] for m in after[:at] if importance_of(m) is MessageImportance.CRITICAL]
+    answered = [f"U{str(messages[i].content)[1]}" for i in first.summarised]
+    assert set(answered) <= set(questions), f"the summary of {answered} comes before its questions: {questions}"
+    summariser.close()
+
+
 def test_a_summary_longer_than_the_extracts_it_replaces_is_cut_to_fit():
     model = RecordingChatModel(calls=[], reply="The analyst asked about EMEA sales by period. " * 300)
     summariser = Summariser(model, model=MODEL, cache=cache)
@@ -434,3 +483,31 @@ def test_summarize_over_the_cost_cap_still_extracts():
     result = ContextCompressor(MODEL, window=fitting(messages), strategy="summarize", summariser=summariser).compress(messages)
     check_invariants(messages, result)
     assert result.summary_status == "cost_cap" and result.summarised
+
+
+# ---- a provider's exact count --------------------------------------------------------------
+
+class HeavierTokenizerAPI:
+    """A provider's count-tokens endpoint whose tokenizer yields 1.6 × what ours counts."""
+
+    def count_tokens(self, messages, model):
+        return int(count_messages(messages, model, exact=False).tokens * 1.6)
+
+
+@pytest.fixture
+def exact_claude():
+    register_exact_counter("claude-sonnet-4*", HeavierTokenizerAPI())
+    yield "claude-sonnet-4-5"
+    unregister_exact_counter("claude-sonnet-4*")
+
+
+def test_the_providers_exact_count_decides_and_drives_the_compression(exact_claude):
+    messages = long_conversation(rounds=4, rows=300)
+    window = int(count_messages(messages, exact_claude, exact=False).tokens * 1.4)  # fits by our count only
+    compressor = ContextCompressor(exact_claude, window=window)
+    assert compressor.needs_compression(compressor.usage(messages))
+    after, [result] = compressor.prepare(messages)
+    assert result.tokens_before == count_conversation_tokens(messages, exact_claude)  # the provider's count
+    assert pairing_problems(after) == []
+    assert count_conversation_tokens(after, exact_claude) <= window * compressor.threshold
+    assert not compressor.needs_compression(compressor.usage(after))

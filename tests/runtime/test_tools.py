@@ -343,6 +343,40 @@ def test_context_pressure_makes_observations_brief():
     assert (result.output_level, result.observation) == (OutputLevel.BRIEF, "Found 5 items")
 
 
+def circular_list() -> list:
+    loop: list = []
+    loop.append(loop)
+    return loop
+
+
+@pytest.mark.parametrize("level", ["brief", "standard", "full"])
+def test_a_result_json_cannot_hold_is_answered_as_text_not_raised(artifact_dir, level):
+    by_key = structured("sales_by_region_quarter", lambda query: {("EMEA", "Q3"): 1200.5, ("APAC", "Q3"): 980.0})
+    loop = structured("loop", lambda query: circular_list())
+    executor = ToolExecutor([by_key, loop], retry_policy=NO_RETRY, output_levels={"sales_by_region_quarter": level, "loop": level})
+    sales = executor.execute_tool_call(call("sales_by_region_quarter"))
+    looped = executor.execute_tool_call(call("loop"))
+    assert sales.success and looped.success
+    if level == "standard":  # the tuple keys and the cycle are shown as text
+        assert "('EMEA', 'Q3')" in sales.observation and "1200.5" in sales.observation
+        assert "<circular reference>" in looped.observation
+    if level == "full":
+        assert sales.artifact_id and looped.artifact_id
+
+
+class Unlistable(dict):
+    def __iter__(self):
+        raise RuntimeError("cannot list the keys")
+
+
+def test_a_result_whose_rendering_fails_is_an_internal_failure_not_an_exception(artifact_dir):
+    odd = structured("odd", lambda query: Unlistable(a=1))
+    result = ToolExecutor([odd], retry_policy=NO_RETRY).execute_tool_call(call("odd", output_level="full"))
+    assert not result.success and result.error_type is ToolErrorType.INTERNAL
+    assert result.error_code == "UNRENDERABLE_RESULT" and "cannot list the keys" in result.error_message
+    assert result.to_tool_message().tool_call_id == "call_1"
+
+
 def test_observation_tokens_are_counted_with_the_skills_model():
     executor = ToolExecutor([calculator], model="gpt-4o")
     ctx = ExecutionContext(modifier=ContextModifier(model="claude-3-5-sonnet"))
