@@ -102,6 +102,9 @@ def _finite(text: str) -> float | str:
     return number if math.isfinite(number) else text
 
 
+_DECODER = json.JSONDecoder(parse_float=_finite, parse_constant=str)  # built once: json.loads(**kw) builds one a call
+
+
 def parse_json(value: Any) -> Any:
     """A structured value as is; a string that holds JSON object/array parsed; else the value.
 
@@ -115,7 +118,7 @@ def parse_json(value: Any) -> Any:
         # ("{...} and more") is not tried: json.loads would only raise
         if text[:1] in ("{", "[") and value.rstrip(" \t\n\r").endswith(("}", "]")):
             try:
-                parsed = json.loads(value, parse_float=_finite, parse_constant=str)
+                parsed = _DECODER.decode(value)
                 return _without_surrogates(parsed) if SURROGATE_ESCAPE.search(value) else parsed
             except (ValueError, RecursionError):  # RecursionError: nested too deeply to read; kept as text
                 return value
