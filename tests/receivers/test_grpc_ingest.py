@@ -6,6 +6,7 @@ import logging
 
 import grpc
 import pytest
+from google.protobuf.message import Message
 from google.rpc.error_details_pb2 import RetryInfo
 from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
@@ -32,11 +33,12 @@ def exporter(server, key: str, timeout: float = 10) -> OTLPSpanExporter:
                             headers={"authorization": f"Bearer {key}"}, timeout=timeout)
 
 
-def raw_export(server, body: bytes, key: str | None, *, gzip: bool = False) -> ExportTraceServiceResponse:
-    """One Export call with a body of our choosing; raises grpc.RpcError like any client sees it."""
+def raw_export(server, body: bytes, key: str | None, *, gzip: bool = False, method: str = EXPORT,
+               reply: type[Message] = ExportTraceServiceResponse) -> Message:
+    """One Export call (TraceService's, or `method` with its `reply`) with a body of our choosing;
+    raises grpc.RpcError like any client sees it."""
     with grpc.insecure_channel(f"127.0.0.1:{server.port}") as channel:
-        call = channel.unary_unary(EXPORT, request_serializer=None,
-                                   response_deserializer=ExportTraceServiceResponse.FromString)
+        call = channel.unary_unary(method, request_serializer=None, response_deserializer=reply.FromString)
         metadata = (("authorization", f"Bearer {key}"),) if key else ()
         compression = grpc.Compression.Gzip if gzip else grpc.Compression.NoCompression
         return call(body, metadata=metadata, timeout=10, compression=compression)

@@ -24,6 +24,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from pipeline.models import ApiKey, Conversation, LLMCall, Round, SpanLog
 from pipeline.models.apikeys import Scope
 from tests.receivers.http_wire import memory_kib
+from tests.receivers.test_grpc_ingest import raw_export
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -33,13 +34,7 @@ BOMB = 60 * MiB  # about 60 KB of gzip on the wire
 
 
 def raw_logs_export(server, body: bytes, key: str | None, *, gzip: bool = False) -> ExportLogsServiceResponse:
-    """One LogsService/Export call with a body of our choosing; raises grpc.RpcError like any client sees it."""
-    with grpc.insecure_channel(f"127.0.0.1:{server.port}") as channel:
-        call = channel.unary_unary(LOGS_EXPORT, request_serializer=None,
-                                   response_deserializer=ExportLogsServiceResponse.FromString)
-        metadata = (("authorization", f"Bearer {key}"),) if key else ()
-        compression = grpc.Compression.Gzip if gzip else grpc.Compression.NoCompression
-        return call(body, metadata=metadata, timeout=10, compression=compression)
+    return raw_export(server, body, key, gzip=gzip, method=LOGS_EXPORT, reply=ExportLogsServiceResponse)
 
 
 def logs_request(*records: LogRecord) -> bytes:
@@ -114,15 +109,3 @@ def test_logs_with_a_key_are_stored_and_bad_ids_reported_in_partial_success(grpc
         ("ab" * 16, "gen_ai.user.message", {"content": "Hi"})]
     assert raw_logs_export(server, logs_request(user_message("Hi")), key) == ExportLogsServiceResponse()
     assert SpanLog.objects.count() == 1  # a re-send stores nothing twice
-
-
-def test_a_logs_call_without_a_message_is_refused_as_grpc_refuses_a_unary_one(grpc_servers):
-    server = grpc_servers()
-    key = ApiKey.generate("agent", scope=Scope.INGEST)[1]
-    with grpc.insecure_channel(f"127.0.0.1:{server.port}") as channel:
-        call = channel.stream_unary(LOGS_EXPORT, request_serializer=None,
-                                    response_deserializer=ExportLogsServiceResponse.FromString)
-        with pytest.raises(grpc.RpcError) as refused:
-            call(iter(()), metadata=(("authorization", f"Bearer {key}"),), timeout=10)
-    assert refused.value.code() == grpc.StatusCode.UNIMPLEMENTED
-    assert f'"{LOGS_EXPORT}" requires exactly one request message' in refused.value.details()

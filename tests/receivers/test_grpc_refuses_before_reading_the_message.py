@@ -103,13 +103,13 @@ def test_a_gzip_request_with_a_key_is_stored(grpc_servers):
     assert list(Span.objects.values_list("name", "source")) == [("compressed", "grpc")]
 
 
-def test_a_call_without_a_message_is_refused_as_grpc_refuses_a_unary_one(grpc_servers):
+@pytest.mark.parametrize("method", [EXPORT, "/opentelemetry.proto.collector.logs.v1.LogsService/Export"])
+def test_a_call_without_a_message_is_refused_as_grpc_refuses_a_unary_one(grpc_servers, method):
     server = grpc_servers()
     key = ApiKey.generate("agent", scope=Scope.INGEST)[1]
     with grpc.insecure_channel(f"127.0.0.1:{server.port}") as channel:
-        call = channel.stream_unary(EXPORT, request_serializer=None,
-                                    response_deserializer=ExportTraceServiceResponse.FromString)
+        call = channel.stream_unary(method, request_serializer=None, response_deserializer=None)
         with pytest.raises(grpc.RpcError) as refused:
             call(iter(()), metadata=(("authorization", f"Bearer {key}"),), timeout=10)
     assert refused.value.code() == grpc.StatusCode.UNIMPLEMENTED
-    assert "requires exactly one request message" in refused.value.details()
+    assert f'"{method}" requires exactly one request message' in refused.value.details()
