@@ -404,12 +404,15 @@ def count_conversation_tokens(messages: Iterable[Any], model: str | None = None)
 
 
 def scale_to_total(sizes: dict[str, int], total: int) -> dict[str, int]:
-    """`sizes` rescaled to add up to `total` exactly (the rounding drift goes to the largest):
-    how a per-category split follows a count the provider gave."""
+    """`sizes` rescaled to add up to `total` exactly: how a per-category split follows a count the
+    provider gave. Each share is rounded down and the units left go to the largest remainders
+    (ties to the larger size), so none is ever more than one off its exact share, nor negative."""
     measured = sum(sizes.values())
     if not measured:
         return sizes
-    scaled = {k: round(v * total / measured) for k, v in sizes.items()}
-    largest = max(scaled, key=scaled.__getitem__)
-    scaled[largest] += total - sum(scaled.values())
+    shares = {k: v * total / measured for k, v in sizes.items()}
+    scaled = {k: int(share) for k, share in shares.items()}
+    left = total - sum(scaled.values())
+    for key in sorted(shares, key=lambda k: (shares[k] - scaled[k], sizes[k]), reverse=True)[:left]:
+        scaled[key] += 1
     return scaled
