@@ -73,6 +73,19 @@ def select_logs(since: dt.datetime | None = None, conversation: Conversation | N
     return SpanLog.objects.filter(trace_id__in=select_spans(since, conversation).values("trace_id"))
 
 
+def logs_of_joined_traces(spans: QuerySet[Span], logs: QuerySet[SpanLog], checkpoint: Checkpoint) -> QuerySet[SpanLog]:
+    """For a filtered export (unfiltered, every log record goes by id), the log records up to the
+    last one sent whose trace joined the selection
+    since the logs last caught up with the spans (`checkpoint.logs_position`): a log record
+    stored before any span of its trace was selected, which the position by id has passed.
+    (Ingest takes a trace's logs before its spans as readily as after.)"""
+    if not checkpoint.last_log_id:
+        return SpanLog.objects.none()
+    joined = after(spans, checkpoint.logs_position).values("trace_id")
+    seen = up_to(spans, checkpoint.logs_position).values("trace_id")
+    return logs.filter(pk__lte=checkpoint.last_log_id, trace_id__in=joined).exclude(trace_id__in=seen)
+
+
 def redact_url(url: str) -> str:
     """The endpoint without user:password, for output and checkpoint files."""
     parts = urllib.parse.urlsplit(url)
@@ -96,6 +109,9 @@ class Checkpoint:
     exported: int = 0
     last_log_id: int = 0
     logs_exported: int = 0
+    # the span position (received_at, id) the log records last caught up with (logs_of_joined_traces)
+    logs_received_at: str = ""
+    logs_span_id: int = 0
 
     @classmethod
     def for_job(cls, endpoint: str, filters: dict[str, str], directory: Path | None = None) -> Checkpoint:
@@ -110,6 +126,8 @@ class Checkpoint:
             checkpoint.exported = int(saved.get("exported", 0))
             checkpoint.last_log_id = int(saved.get("last_log_id", 0))
             checkpoint.logs_exported = int(saved.get("logs_exported", 0))
+            checkpoint.logs_received_at = saved.get("logs_received_at", "")
+            checkpoint.logs_span_id = int(saved.get("logs_span_id", 0))
         return checkpoint
 
     @property
@@ -124,9 +142,20 @@ class Checkpoint:
         self.exported += count
         self.save()
 
+    @property
+    def logs_position(self) -> tuple[dt.datetime, int] | None:
+        if not self.logs_received_at:
+            return None
+        return dt.datetime.fromisoformat(self.logs_received_at), self.logs_span_id
+
     def advance_logs(self, log: SpanLog, count: int) -> None:
-        self.last_log_id = log.pk
+        self.last_log_id = max(self.last_log_id, log.pk)  # a joined trace's earlier ones move it not
         self.logs_exported += count
+        self.save()
+
+    def logs_caught_up(self) -> None:
+        """Every log record of the traces of the spans delivered so far is delivered too."""
+        self.logs_received_at, self.logs_span_id = self.received_at, self.last_id
         self.save()
 
     def save(self) -> None:
@@ -140,7 +169,7 @@ class Checkpoint:
 
     def reset(self) -> None:
         self.received_at, self.last_id, self.exported = "", 0, 0
-        self.last_log_id, self.logs_exported = 0, 0
+        self.last_log_id, self.logs_exported, self.logs_received_at, self.logs_span_id = 0, 0, "", 0
         self.path.unlink(missing_ok=True)
 
 
@@ -149,6 +178,14 @@ def after(spans: QuerySet[Span], position: tuple[dt.datetime, int] | None) -> Qu
         return spans
     received_at, last_id = position
     return spans.filter(Q(received_at__gt=received_at) | Q(received_at=received_at, pk__gt=last_id))
+
+
+def up_to(spans: QuerySet[Span], position: tuple[dt.datetime, int] | None) -> QuerySet[Span]:
+    """The spans `after` leaves out: those at or before `position`."""
+    if position is None:
+        return spans.none()
+    received_at, last_id = position
+    return spans.filter(Q(received_at__lt=received_at) | Q(received_at=received_at, pk__lte=last_id))
 
 
 def batches(spans: QuerySet[Span], position: tuple[dt.datetime, int] | None, size: int) -> Iterator[list[Span]]:

@@ -24,11 +24,13 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
 
-from pipeline.ingest.records import SpanRecord
+from pipeline.ingest.records import LogRecord, SpanRecord
 from pipeline.ingest.write.store import store_spans
 from pipeline.export.job import Checkpoint
 from pipeline.models import ApiKey, Span, SpanLog
+from pipeline.runtime.telemetry.otlp_client import logs_url
 from tests.agent_traces import record_turns, span_count
+from tests.genai_spans import MS, ROOT, T0, chat
 from tests.otlp_servers import migrated_template, second_ctxlens, span_logs
 from tests.otlp_support import wait_for_deferred_tokens
 from tests.snapshot import snapshot
@@ -383,3 +385,49 @@ def test_the_demo_agent_reaches_another_otlp_endpoint_record_for_record(second, 
     assert here["CompressionEvent"] and here["SkillActivation"] and len(here["Span"]) > 20
     there = without_artifact_links(wait_until_equal(second, here))
     assert_same_records(here, there)
+
+
+def test_a_log_record_stored_before_its_traces_spans_goes_once_they_are_selected(live_uvicorn, second):
+    """Ingest takes a trace's logs before its spans. Exported by conversation, such a record is not
+    selected yet, later ones are sent past it, and once its spans arrive it must still go."""
+    late = "0c" * 16
+    store_spans([], logs=[LogRecord(late, "", 1_763_800_000_000_000_000, "gen_ai.user.message",
+                                    body={"content": "asked before the spans came"})])
+    ingest_events_here(live_uvicorn, "wanted")
+    target = second.start_uvicorn()
+    args = ("--endpoint", target.url, "--conversation", "wanted", "--header", f"Authorization=Bearer {second.key()}")
+    assert "and 4 log records" in export(*args)
+
+    root = SpanRecord(late, ROOT, "invoke_agent", T0, T0 + 9 * MS, attributes={
+        "gen_ai.operation.name": "invoke_agent", "gen_ai.conversation.id": "wanted"})
+    store_spans([root, chat(late, "00000000000000c1", 1, "gpt-4o")])
+    out = export(*args)
+
+    assert "exported 2 spans and 1 log records" in out
+    assert second.span_logs() == span_logs()
+    assert "exported 0 spans and 0 log records" in export(*args)
+
+
+def test_without_logs_or_with_their_own_url(live_uvicorn, second):
+    ingest_events_here(live_uvicorn, "spans only")
+    target = second.start_uvicorn()
+    auth = ("--header", f"Authorization=Bearer {second.key()}")
+
+    with pytest.raises(CommandError, match=r"no logs URL follows from .*/api/otlp/traces.*--logs-endpoint.*--no-logs"):
+        export("--endpoint", f"{target.url}/api/otlp/traces", *auth)
+    assert not second.span_logs()  # refused before anything went
+
+    out = export("--endpoint", target.url, "--no-logs", *auth)
+    assert "exported 4 spans and 0 log records" in out and not second.span_logs()
+
+    out = export("--endpoint", f"{target.url}/v1/traces", "--logs-endpoint", f"{target.url}/v1/logs", *auth)
+    assert "exported 4 spans and 4 log records" in out and second.span_logs() == span_logs()  # another checkpoint
+
+
+@pytest.mark.parametrize(("endpoint", "logs"), [
+    ("http://h:4318", "http://h:4318/v1/logs"), ("http://h:4318/", "http://h:4318/v1/logs"),
+    ("http://h/otlp/v1/traces", "http://h/otlp/v1/logs"), ("http://h/otlp/v1/traces/", "http://h/otlp/v1/logs"),
+    ("http://h/v1/logs", "http://h/v1/logs"),
+])
+def test_the_logs_url_beside_a_traces_endpoint(endpoint, logs):
+    assert logs_url(endpoint) == logs

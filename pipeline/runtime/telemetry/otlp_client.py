@@ -62,10 +62,14 @@ def traces_url(endpoint: str) -> str:
 
 
 def logs_url(endpoint: str) -> str:
-    """Beside the traces: `http://host:4318` → `http://host:4318/v1/logs`, `…/otlp/v1/traces` →
-    `…/otlp/v1/logs`; another path gets `/v1/logs` after it."""
+    """Where log records go beside a traces endpoint: `http://host:4318`, `…/v1/traces` or
+    `…/v1/logs` → `…/v1/logs`. A URL with any other path names where spans go only: ExportError."""
     parts = urllib.parse.urlsplit(traces_url(endpoint))
-    return urllib.parse.urlunsplit(parts._replace(path=parts.path.removesuffix("/v1/traces").rstrip("/") + "/v1/logs"))
+    path = parts.path.rstrip("/")
+    if not path.endswith(("/v1/traces", "/v1/logs")):
+        raise ExportError(f"no logs URL follows from {endpoint!r} (its path is not …/v1/traces): name it")
+    return urllib.parse.urlunsplit(parts._replace(path=path.removesuffix("/v1/traces").removesuffix("/v1/logs")
+                                                  + "/v1/logs"))
 
 
 @dataclass
@@ -77,6 +81,7 @@ class OtlpClient:
     max_retries: int = 8
     compression: bool = True
     sleep: Callable[[float], None] = time.sleep
+    logs_endpoint: str = ""  # HTTP: where log records go, when not beside `endpoint` (logs_url)
 
     def __post_init__(self) -> None:
         if self.protocol not in PROTOCOLS:
@@ -87,8 +92,14 @@ class OtlpClient:
 
             self._grpc = GrpcExportClient(self.endpoint, self.headers, self.timeout, self.compression)
         else:
-            self._urls = {ExportTraceServiceRequest: traces_url(self.endpoint),
-                          ExportLogsServiceRequest: logs_url(self.endpoint)}
+            self._traces_url = traces_url(self.endpoint)
+
+    def logs_url(self) -> str:
+        """The URL log records are posted to: `logs_endpoint` as given (a bare host: its /v1/logs),
+        else beside `endpoint`; ExportError when none follows from it."""
+        if self.logs_endpoint and urllib.parse.urlsplit(self.logs_endpoint).path not in ("", "/"):
+            return traces_url(self.logs_endpoint)  # checked as any endpoint is; a path is used as given
+        return logs_url(self.logs_endpoint or self.endpoint)
 
     def close(self) -> None:
         if self._grpc is not None:
@@ -118,7 +129,8 @@ class OtlpClient:
         if self.compression:
             body = gzip.compress(body, compresslevel=5)
             headers["Content-Encoding"] = "gzip"
-        http_request = urllib.request.Request(self._urls[type(request)], data=body, headers=headers, method="POST")
+        url = self.logs_url() if isinstance(request, ExportLogsServiceRequest) else self._traces_url
+        http_request = urllib.request.Request(url, data=body, headers=headers, method="POST")
         try:
             with urllib.request.urlopen(http_request, timeout=self.timeout) as reply:
                 return _partial_success(type(request), reply.read(), reply.headers.get("Content-Type", ""))
