@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from django.conf import settings
-from django.db.models import Q, QuerySet
+from django.db.models import Exists, OuterRef, Q, QuerySet
 from django.utils import timezone
 from django.utils.dateparse import parse_date, parse_datetime
 
@@ -81,9 +81,10 @@ def logs_of_joined_traces(spans: QuerySet[Span], logs: QuerySet[SpanLog], checkp
     (Ingest takes a trace's logs before its spans as readily as after.)"""
     if not checkpoint.last_log_id:
         return SpanLog.objects.none()
-    joined = after(spans, checkpoint.logs_position).values("trace_id")
-    seen = up_to(spans, checkpoint.logs_position).values("trace_id")
-    return logs.filter(pk__lte=checkpoint.last_log_id, trace_id__in=joined).exclude(trace_id__in=seen)
+    position, of_trace = checkpoint.logs_position, spans.filter(trace_id=OuterRef("trace_id"))
+    # EXISTS probes by (trace_id, …) per record of the range: no set of every selected trace is built
+    return logs.filter(Exists(after(of_trace, position)), ~Exists(up_to(of_trace, position)),
+                       pk__lte=checkpoint.last_log_id)
 
 
 def redact_url(url: str) -> str:
