@@ -133,9 +133,7 @@ class Checkpoint:
 
     @property
     def position(self) -> tuple[dt.datetime, int] | None:
-        if not self.received_at:
-            return None
-        return dt.datetime.fromisoformat(self.received_at), self.last_id
+        return _position(self.received_at, self.last_id)
 
     def advance(self, span: Span, count: int) -> None:
         self.received_at = span.received_at.isoformat()
@@ -145,9 +143,7 @@ class Checkpoint:
 
     @property
     def logs_position(self) -> tuple[dt.datetime, int] | None:
-        if not self.logs_received_at:
-            return None
-        return dt.datetime.fromisoformat(self.logs_received_at), self.logs_span_id
+        return _position(self.logs_received_at, self.logs_span_id)
 
     def advance_logs(self, log: SpanLog, count: int) -> None:
         self.last_log_id = max(self.last_log_id, log.pk)  # a joined trace's earlier ones move it not
@@ -172,6 +168,11 @@ class Checkpoint:
         self.received_at, self.last_id, self.exported = "", 0, 0
         self.last_log_id, self.logs_exported, self.logs_received_at, self.logs_span_id = 0, 0, "", 0
         self.path.unlink(missing_ok=True)
+
+
+def _position(received_at: str, span_id: int) -> tuple[dt.datetime, int] | None:
+    """A span position (received_at, id) as the checkpoint file keeps it; None: before the first."""
+    return (dt.datetime.fromisoformat(received_at), span_id) if received_at else None
 
 
 def after(spans: QuerySet[Span], position: tuple[dt.datetime, int] | None) -> QuerySet[Span]:
