@@ -8,43 +8,19 @@ import httpx
 import pytest
 from opentelemetry.exporter.otlp.proto.http._log_exporter import OTLPLogExporter
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-from opentelemetry.sdk._logs import LoggerProvider
-from opentelemetry.sdk._logs.export import SimpleLogRecordProcessor
-from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
 from pipeline.ingest.records import LogRecord, SpanRecord
 from pipeline.ingest.write.store import store_spans
 from pipeline.models import Conversation, LLMCall, Round, SpanLog
-from tests.otlp_support import JSON, auth, make_key, row_counts
+from tests.otlp_support import JSON, auth, make_key, row_counts, send_chat_with_its_details_event
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def test_sdk_log_events_fill_the_messages_of_their_chat_span(otlp_server):
     key = make_key()
-    resource = Resource.create({"service.name": "events-agent"})
-    tracer_provider = TracerProvider(resource=resource)
-    tracer_provider.add_span_processor(SimpleSpanProcessor(
-        OTLPSpanExporter(endpoint=f"{otlp_server.url}/v1/traces", headers=auth(key))))
-    logger_provider = LoggerProvider(resource=resource)
-    logger_provider.add_log_record_processor(SimpleLogRecordProcessor(
-        OTLPLogExporter(endpoint=f"{otlp_server.url}/v1/logs", headers=auth(key))))
-    tracer, logger = tracer_provider.get_tracer("t"), logger_provider.get_logger("t")
-
-    with tracer.start_as_current_span("chat gpt-4o", attributes={
-        "gen_ai.operation.name": "chat", "gen_ai.request.model": "gpt-4o",
-        "gen_ai.usage.input_tokens": 12, "gen_ai.usage.output_tokens": 3,
-    }):
-        # the current GenAI event: the whole call's messages on one log record tied to the span
-        logger.emit(event_name="gen_ai.client.inference.operation.details", attributes={
-            "gen_ai.input.messages": json.dumps([{"role": "user", "parts": [{"type": "text", "content": "Hi?"}]}]),
-            "gen_ai.output.messages": json.dumps([{"role": "assistant", "parts": [{"type": "text", "content": "Hello."}],
-                                                   "finish_reason": "stop"}]),
-        })
-    logger_provider.shutdown()
-    tracer_provider.shutdown()
+    send_chat_with_its_details_event(OTLPSpanExporter(endpoint=f"{otlp_server.url}/v1/traces", headers=auth(key)),
+                                     OTLPLogExporter(endpoint=f"{otlp_server.url}/v1/logs", headers=auth(key)))
 
     call = LLMCall.objects.get()
     assert call.input_messages == [{"role": "user", "parts": [{"type": "text", "content": "Hi?"}]}]

@@ -4,7 +4,6 @@ message is received (as TraceService/Export: test_grpc_refuses_before_reading_th
 
 from __future__ import annotations
 
-import json
 
 import grpc
 import pytest
@@ -16,13 +15,10 @@ from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import (
 )
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 from opentelemetry.proto.logs.v1.logs_pb2 import LogRecord, ResourceLogs, ScopeLogs
-from opentelemetry.sdk._logs import LoggerProvider
-from opentelemetry.sdk._logs.export import SimpleLogRecordProcessor
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
 from pipeline.models import ApiKey, Conversation, LLMCall, Round, SpanLog
 from pipeline.models.apikeys import Scope
+from tests.otlp_support import send_chat_with_its_details_event
 from tests.receivers.http_wire import memory_kib
 from tests.receivers.test_grpc_ingest import raw_export
 
@@ -53,23 +49,7 @@ def test_the_otel_grpc_log_exporter_fills_the_messages_of_the_chat_span(grpc_ser
     server = grpc_servers()
     key = ApiKey.generate("agent", scope=Scope.INGEST)[1]
     options = {"endpoint": f"127.0.0.1:{server.port}", "insecure": True, "headers": {"authorization": f"Bearer {key}"}}
-    tracer_provider = TracerProvider()
-    tracer_provider.add_span_processor(SimpleSpanProcessor(OTLPSpanExporter(**options)))
-    logger_provider = LoggerProvider()
-    logger_provider.add_log_record_processor(SimpleLogRecordProcessor(OTLPLogExporter(**options)))
-    tracer, logger = tracer_provider.get_tracer("t"), logger_provider.get_logger("t")
-
-    with tracer.start_as_current_span("chat gpt-4o", attributes={
-        "gen_ai.operation.name": "chat", "gen_ai.request.model": "gpt-4o",
-        "gen_ai.usage.input_tokens": 12, "gen_ai.usage.output_tokens": 3,
-    }):
-        logger.emit(event_name="gen_ai.client.inference.operation.details", attributes={
-            "gen_ai.input.messages": json.dumps([{"role": "user", "parts": [{"type": "text", "content": "Hi?"}]}]),
-            "gen_ai.output.messages": json.dumps([{"role": "assistant", "finish_reason": "stop",
-                                                   "parts": [{"type": "text", "content": "Hello."}]}]),
-        })
-    logger_provider.shutdown()
-    tracer_provider.shutdown()
+    send_chat_with_its_details_event(OTLPSpanExporter(**options), OTLPLogExporter(**options))
 
     call = LLMCall.objects.get()
     assert call.input_messages == [{"role": "user", "parts": [{"type": "text", "content": "Hi?"}]}]
