@@ -149,14 +149,12 @@ def delete_traces(conversation_ids: list[int], cutoff: dt.datetime, batch_size: 
 def _delete_trace_batch(traces: list[str], conversation_ids: list[int], cutoff: dt.datetime
                         ) -> dict[type[models.Model], int]:
     """One transaction of `delete_traces`. Locks in ingest's order: the traces, then the
-    conversations (read again under the lock), the rows, the rollup rows last."""
+    conversations still old (in id order, as delete_conversations; PostgreSQL checks the age again
+    once it has the lock), the rows, the rollup rows last."""
     with transaction.atomic(), rollups.batched():
         sql.lock_traces(traces)
-        still = list(Conversation.objects.filter(pk__in=conversation_ids, last_activity_at__lt=cutoff)
+        still = list(Conversation.objects.select_for_update().filter(pk__in=conversation_ids, last_activity_at__lt=cutoff)
                      .order_by("pk").values_list("pk", flat=True))
-        sql.lock_rows(Conversation, still)
-        if connection.features.has_select_for_update:  # again, now locked: one may have come back to life
-            still = list(Conversation.objects.filter(pk__in=still, last_activity_at__lt=cutoff).values_list("pk", flat=True))
         deleted = {}
         for model in _TRACE_ROWS:
             rows = model.objects.filter(trace_id__in=traces, conversation_id__in=still)
